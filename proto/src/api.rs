@@ -1,0 +1,221 @@
+//! The native HTTP API's shapes: what agents submit, the events they read,
+//! the call and thread views, and the error body.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::rap::{ContentItem, DisplaySegment};
+
+/// `POST /v1/calls`: the RAP invocation fields minus `callback_url`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitCall {
+    pub operation: String,
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+    pub group_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_ancestors: Option<Vec<String>>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// The answer to `POST /v1/calls`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitReply {
+    pub group_id: String,
+    pub id: String,
+    pub status: CallStatus,
+    /// The sequence number of the event that accepted the call.
+    pub seq: u64,
+    /// Set when the call finished at once (built-in tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<CallResult>,
+}
+
+/// Where a call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Accepted and durable; not yet acknowledged by the tool.
+    Queued,
+    /// The tool acknowledged the invocation; Ferry waits for the callback.
+    Dispatched,
+    /// The tool sent `oauth`; the user must authorize.
+    AwaitingAuth,
+    /// The tool sent `user_choice`; the user must choose.
+    AwaitingUser,
+    /// The tool's result opened a subscription that is still active.
+    Subscribed,
+    /// The tool sent its result (which may itself report an error).
+    Completed,
+    /// Ferry ended the call: dispatch failed, or the tool lost it.
+    Failed,
+    /// The agent cancelled the call.
+    Cancelled,
+}
+
+impl CallStatus {
+    /// Whether the call still waits on the tool (or the user).
+    pub fn is_pending(self) -> bool {
+        matches!(
+            self,
+            Self::Queued | Self::Dispatched | Self::AwaitingAuth | Self::AwaitingUser
+        )
+    }
+
+    /// Whether Ferry still expects callbacks for the call.
+    pub fn is_open(self) -> bool {
+        self.is_pending() || self == Self::Subscribed
+    }
+}
+
+/// A call's result as the agent reads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallResult {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<ContentItem>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_as: Option<Vec<DisplaySegment>>,
+    pub is_error: bool,
+}
+
+/// A pending choice, as shown to the user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingChoice {
+    pub prompt: String,
+    pub choices: Vec<String>,
+    pub default: usize,
+    pub response_url: String,
+}
+
+/// One entry of a thread's log. `seq` is dense and starts at 1 per thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub group_id: String,
+    /// The call the event concerns, where it concerns one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// RFC 3339 UTC, milliseconds.
+    pub at: String,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// What happened, tagged by `type`, with its data under `payload`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "payload", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The call is durable and will be dispatched.
+    CallAccepted {
+        /// As the agent named it.
+        operation: String,
+        /// Fully qualified: `Toolset.tool@version`.
+        tool: String,
+        arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        thread_ancestors: Option<Vec<String>>,
+    },
+    /// The tool acknowledged the invocation with HTTP 200.
+    CallDispatched { attempts: u32 },
+    /// The call's outcome. `origin` is `tool` for a result the tool sent and
+    /// `ferry` for a failure Ferry recorded (dispatch failed, call lost).
+    ToolResult {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<Vec<ContentItem>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        display_as: Option<Vec<DisplaySegment>>,
+        is_error: bool,
+        #[serde(default)]
+        subscription: bool,
+        origin: ResultOrigin,
+    },
+    SubscriptionEvent {
+        text: String,
+        associative: bool,
+        #[serde(rename = "final")]
+        is_final: bool,
+    },
+    #[serde(rename = "oauth")]
+    OAuth { auth_url: String },
+    UserChoice {
+        prompt: String,
+        choices: Vec<String>,
+        default: usize,
+        response_url: String,
+    },
+    ViewUpdate { view_type: String, content: Value },
+    /// The agent cancelled a pending call.
+    CallCancelled,
+    /// The subscription left the thread's active set.
+    SubscriptionCancelled,
+    ThreadClosed,
+}
+
+/// Who produced a `tool_result` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultOrigin {
+    Tool,
+    Ferry,
+}
+
+impl EventKind {
+    /// The `type` tag.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::CallAccepted { .. } => "call_accepted",
+            Self::CallDispatched { .. } => "call_dispatched",
+            Self::ToolResult { .. } => "tool_result",
+            Self::SubscriptionEvent { .. } => "subscription_event",
+            Self::OAuth { .. } => "oauth",
+            Self::UserChoice { .. } => "user_choice",
+            Self::ViewUpdate { .. } => "view_update",
+            Self::CallCancelled => "call_cancelled",
+            Self::SubscriptionCancelled => "subscription_cancelled",
+            Self::ThreadClosed => "thread_closed",
+        }
+    }
+}
+
+/// `{"error": {...}}`, the one error shape of the native API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+    /// Per-parameter messages for `invalid_arguments`, keyed by the
+    /// argument's JSON pointer without the leading slash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_errors: Option<Map<String, Value>>,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+                parameter_errors: None,
+            },
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! Ferry's wire types, with no I/O: what crosses HTTP to tools (RAP), what
+//! agents send and read (the native API), and what travels on the bus.
+//!
+//! Every type here serializes to exactly the JSON the protocol documents in
+//! `shared/specs/` show; `tests/spec_examples.rs` holds each example.
+
+pub mod api;
+pub mod bus;
+pub mod rap;
+
+pub use api::{CallStatus, ErrorBody, Event, EventKind};
+pub use rap::{Callback, ContentItem, DisplaySegment, Invocation, Manifest, ToolDef};

@@ -1,0 +1,16 @@
+//! RAP (the Reactive Agent Protocol): invocation, callbacks, toolsets and the
+//! runtime-to-tool-server notifications.
+
+mod callback;
+mod invocation;
+mod notify;
+mod toolset;
+
+pub use callback::{
+    Callback, CallbackError, ContentItem, DiffContent, DisplaySegment, ImageContent, KnownSegment,
+    OAuth,
+    SubscriptionEvent, ToolResult, UserChoice, ViewUpdate,
+};
+pub use invocation::Invocation;
+pub use notify::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};
+pub use toolset::{Annotations, Manifest, ToolDef};
