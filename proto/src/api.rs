@@ -41,7 +41,7 @@ pub struct SubmitReply {
 }
 
 /// Where a call stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallStatus {
     /// Accepted and durable; not yet acknowledged by the tool.
@@ -128,9 +128,14 @@ pub enum EventKind {
         user_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         thread_ancestors: Option<Vec<String>>,
+        /// Where the call goes; absent for built-in tools.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<ToolTarget>,
     },
     /// The tool acknowledged the invocation with HTTP 200.
-    CallDispatched { attempts: u32 },
+    CallDispatched {
+        attempts: u32,
+    },
     /// The call's outcome. `origin` is `tool` for a result the tool sent and
     /// `ferry` for a failure Ferry recorded (dispatch failed, call lost).
     ToolResult {
@@ -151,19 +156,36 @@ pub enum EventKind {
         is_final: bool,
     },
     #[serde(rename = "oauth")]
-    OAuth { auth_url: String },
+    OAuth {
+        auth_url: String,
+    },
     UserChoice {
         prompt: String,
         choices: Vec<String>,
         default: usize,
         response_url: String,
     },
-    ViewUpdate { view_type: String, content: Value },
+    ViewUpdate {
+        view_type: String,
+        content: Value,
+    },
     /// The agent cancelled a pending call.
     CallCancelled,
     /// The subscription left the thread's active set.
     SubscriptionCancelled,
     ThreadClosed,
+}
+
+/// Where a call's tool lives, recorded at acceptance so that re-dispatch and
+/// recovery need no registry lookup (the toolset may be gone by then).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolTarget {
+    /// The tool's own name, sent as `operation` on the wire.
+    pub tool_name: String,
+    /// The tool server's base URL (notifications, `/tool_call_status`).
+    pub base_url: String,
+    /// Where invocations are POSTed.
+    pub endpoint: String,
 }
 
 /// Who produced a `tool_result` event.

@@ -100,8 +100,13 @@ fn tool_result_diff_with_text_fallback() {
     };
     use ferry_proto::rap::{DisplaySegment, KnownSegment};
     let segments = r.display_as.unwrap();
-    assert!(matches!(&segments[0], DisplaySegment::Known(KnownSegment::Diff(d)) if d.path == "src/main.rs"));
-    assert!(matches!(&segments[1], DisplaySegment::Known(KnownSegment::Text(_))));
+    assert!(
+        matches!(&segments[0], DisplaySegment::Known(KnownSegment::Diff(d)) if d.path == "src/main.rs")
+    );
+    assert!(matches!(
+        &segments[1],
+        DisplaySegment::Known(KnownSegment::Text(_))
+    ));
 }
 
 // rap-2 "Error Handling": "Error: " prefix marks an error result.
@@ -154,12 +159,16 @@ fn subscription_event_oauth_user_choice_view_update() {
         "text": "PR #1 opened", "associative": true, "final": false
     }));
     assert_eq!(cb.call_id(), Some("c"));
-    callback(json!({"type": "oauth", "group_id": "g", "id": "c", "auth_url": "https://auth.example.com/x"}));
+    callback(
+        json!({"type": "oauth", "group_id": "g", "id": "c", "auth_url": "https://auth.example.com/x"}),
+    );
     callback(json!({
         "type": "user_choice", "group_id": "g", "id": "c", "prompt": "Which branch?",
         "choices": ["main", "dev"], "default": 0, "response_url": "https://tool.example.com/choice"
     }));
-    let cb = callback(json!({"type": "view_update", "group_id": "g", "view_type": "diff", "content": {"any": ["json"]}}));
+    let cb = callback(
+        json!({"type": "view_update", "group_id": "g", "view_type": "diff", "content": {"any": ["json"]}}),
+    );
     assert_eq!(cb.call_id(), None);
 }
 
@@ -187,7 +196,10 @@ fn bad_callbacks_are_named() {
     ];
     for (body, expected) in cases {
         let err = Callback::from_slice(body).unwrap_err();
-        assert!(err.to_string().contains(expected), "{err} should mention {expected}");
+        assert!(
+            err.to_string().contains(expected),
+            "{err} should mention {expected}"
+        );
     }
     assert!(matches!(
         Callback::from_slice(br#"{"type":"nope"}"#),

@@ -244,4 +244,3 @@ pub struct ViewUpdate {
     pub view_type: String,
     pub content: Value,
 }
-

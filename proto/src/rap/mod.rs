@@ -8,8 +8,7 @@ mod toolset;
 
 pub use callback::{
     Callback, CallbackError, ContentItem, DiffContent, DisplaySegment, ImageContent, KnownSegment,
-    OAuth,
-    SubscriptionEvent, ToolResult, UserChoice, ViewUpdate,
+    OAuth, SubscriptionEvent, ToolResult, UserChoice, ViewUpdate,
 };
 pub use invocation::Invocation;
 pub use notify::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};

@@ -1,0 +1,830 @@
+//! The demo RAP tool server (toolset `demo`): its manifest, its seven tools
+//! (echo, sleep, fail, flaky, ticks, authorize, diff), the callbacks they
+//! send, and the rap-3 notification endpoints — for tests, benches and demos.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_proto::rap::{
+    Callback, CancelToolCall, CloseThread, DiffContent, DisplaySegment, Invocation, KnownSegment,
+    Manifest, OAuth, SubscriptionEvent, ToolCallStatus, ToolCallStatusReply, ToolDef, ToolResult,
+};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+/// Tries per callback POST; retried only on 5xx or a transport error.
+const CALLBACK_ATTEMPTS: u32 = 5;
+const TOOL_NAMES: [&str; 7] = [
+    "echo",
+    "sleep",
+    "fail",
+    "flaky",
+    "ticks",
+    "authorize",
+    "diff",
+];
+
+/// The demo toolset server.
+pub struct DemoTool;
+
+impl DemoTool {
+    /// Serves the demo toolset on `listener` until the future is dropped. The
+    /// manifest's `endpoint` comes from each request's `Host` header, so it is
+    /// whatever address Ferry used to reach the listener.
+    pub async fn serve(listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, router()).await
+    }
+}
+
+/// The demo toolset as a router with its own fresh state, for in-process use.
+pub fn router() -> Router {
+    let http = reqwest::Client::builder()
+        .no_proxy() // the callback URL is Ferry itself, reached directly
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_default();
+    let shared = Arc::new(Shared {
+        http,
+        inner: Mutex::default(),
+    });
+    Router::new()
+        .route("/.well-known/rap-toolset", get(manifest))
+        .route("/invoke", post(invoke))
+        .route("/cancel_tool_call", post(cancel_tool_call))
+        .route("/close_thread", post(close_thread))
+        .route("/tool_call_status", post(tool_call_status))
+        .route("/authorize/{token}", get(authorize))
+        .route("/stats", get(stats))
+        .with_state(shared)
+}
+
+/// A call, as (group_id, id).
+type Key = (String, String);
+
+struct Shared {
+    http: reqwest::Client,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Every POST to `/invoke`, malformed ones included.
+    invocations: u64,
+    /// Parsed invocations per `"{group_id}/{id}"`; also flaky's attempt count.
+    by_call: BTreeMap<String, u64>,
+    /// Calls accepted and not yet finished, cancelled, closed or superseded.
+    live: HashMap<Key, Live>,
+    next_gen: u64,
+    /// Pending `authorize` consents by token.
+    consents: HashMap<String, oneshot::Sender<()>>,
+}
+
+/// A live call. Dropping it (cancel, close_thread, a newer invocation of the
+/// same call) drops `_cancel`, which wakes the task's `cancelled` receiver.
+struct Live {
+    generation: u64,
+    _cancel: oneshot::Sender<()>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn host(headers: &HeaderMap) -> String {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    host.unwrap_or("127.0.0.1").to_owned()
+}
+
+fn tool(name: &str, description: &str, properties: Value, required: &[&str]) -> ToolDef {
+    ToolDef {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        input_schema: json!({
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": false,
+        }),
+        annotations: None,
+        display_script: None,
+    }
+}
+
+async fn manifest(headers: HeaderMap) -> Json<Manifest> {
+    let text = |d: &str| json!({"type": "string", "description": d});
+    let tools = vec![
+        tool(
+            "echo",
+            "Answers with the given text.",
+            json!({"text": text("text to echo")}),
+            &["text"],
+        ),
+        tool(
+            "sleep",
+            "Answers after the given number of seconds.",
+            json!({"seconds": {"type": "number", "minimum": 0, "description": "how long to sleep"}}),
+            &["seconds"],
+        ),
+        tool(
+            "fail",
+            "Answers with an error result.",
+            json!({"message": text("the error message")}),
+            &[],
+        ),
+        tool(
+            "flaky",
+            "Refuses the invocation with HTTP 500 `failures` times, then succeeds.",
+            json!({"failures": {"type": "integer", "minimum": 0}, "text": text("the result text")}),
+            &["failures"],
+        ),
+        tool(
+            "ticks",
+            "Starts a subscription sending `count` tick events, `interval_ms` apart.",
+            json!({"count": {"type": "integer", "minimum": 1, "maximum": 1000},
+                   "interval_ms": {"type": "integer", "minimum": 0, "default": 10}}),
+            &["count"],
+        ),
+        tool(
+            "authorize",
+            "Asks the user to authorize (oauth callback), then answers.",
+            json!({"text": text("text to answer with once authorized")}),
+            &[],
+        ),
+        tool(
+            "diff",
+            "Pretends to edit a file and answers with a diff display.",
+            json!({"path": text("the file to edit")}),
+            &["path"],
+        ),
+    ];
+    Json(Manifest {
+        name: "demo".to_owned(),
+        description: Some("Ferry's demo tools: every kind of RAP callback.".to_owned()),
+        endpoint: format!("http://{}/invoke", host(&headers)),
+        tools,
+        needs_migration: None,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EchoArgs {
+    text: String,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SleepArgs {
+    seconds: f64,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailArgs {
+    message: Option<String>,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlakyArgs {
+    failures: u64,
+    text: Option<String>,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TicksArgs {
+    count: u64,
+    #[serde(default = "default_interval")]
+    interval_ms: u64,
+}
+fn default_interval() -> u64 {
+    10
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthorizeArgs {
+    text: Option<String>,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffArgs {
+    path: String,
+}
+
+/// A validated invocation.
+enum Op {
+    Echo(EchoArgs),
+    Sleep(Duration, f64),
+    Fail(FailArgs),
+    Flaky(FlakyArgs),
+    Ticks(TicksArgs),
+    Authorize(AuthorizeArgs),
+    Diff(DiffArgs),
+}
+
+/// Checks the operation and its arguments; the error becomes an `Error: `
+/// result (rap-1 "Tool Validation").
+fn parse_op(inv: &Invocation) -> Result<Op, String> {
+    fn args<T: DeserializeOwned>(inv: &Invocation) -> Result<T, String> {
+        serde_json::from_value(inv.arguments.clone())
+            .map_err(|e| format!("invalid arguments for {}: {e}", inv.operation))
+    }
+    Ok(match inv.operation.as_str() {
+        "echo" => Op::Echo(args(inv)?),
+        "sleep" => {
+            let SleepArgs { seconds } = args(inv)?;
+            match Duration::try_from_secs_f64(seconds) {
+                Ok(d) => Op::Sleep(d, seconds),
+                Err(_) => return Err(format!("invalid arguments for sleep: `seconds` must be a non-negative number of seconds, got {seconds}")),
+            }
+        }
+        "fail" => Op::Fail(args(inv)?),
+        "flaky" => Op::Flaky(args(inv)?),
+        "ticks" => {
+            let a: TicksArgs = args(inv)?;
+            if !(1..=1000).contains(&a.count) {
+                return Err(format!(
+                    "invalid arguments for ticks: `count` must be between 1 and 1000, got {}",
+                    a.count
+                ));
+            }
+            Op::Ticks(a)
+        }
+        "authorize" => Op::Authorize(args(inv)?),
+        "diff" => Op::Diff(args(inv)?),
+        other => {
+            return Err(format!(
+                "unknown operation {other:?}; the demo toolset has {}",
+                TOOL_NAMES.join(", ")
+            ))
+        }
+    })
+}
+
+async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    shared.lock().invocations += 1;
+    let inv: Invocation = match serde_json::from_slice(&body) {
+        Ok(inv) => inv,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("malformed invocation: {e}"),
+            )
+                .into_response()
+        }
+    };
+    let op = parse_op(&inv);
+    let key = (inv.group_id.clone(), inv.id.clone());
+    let (cancel, cancelled) = oneshot::channel();
+    let generation = {
+        let mut inner = shared.lock();
+        let attempts = inner
+            .by_call
+            .entry(format!("{}/{}", key.0, key.1))
+            .or_default();
+        *attempts += 1;
+        if let Ok(Op::Flaky(a)) = &op {
+            if *attempts <= a.failures {
+                let msg = format!("flaky: planned failure {} of {}", attempts, a.failures);
+                return (StatusCode::INTERNAL_SERVER_ERROR, msg).into_response();
+            }
+        }
+        inner.next_gen += 1;
+        let generation = inner.next_gen;
+        // Replacing an older run of the same call cancels it.
+        inner.live.insert(
+            key,
+            Live {
+                generation,
+                _cancel: cancel,
+            },
+        );
+        generation
+    };
+    let call = Call {
+        shared,
+        inv,
+        host: host(&headers),
+        generation,
+        cancelled,
+    };
+    tokio::spawn(call.run(op));
+    StatusCode::OK.into_response()
+}
+
+/// One accepted invocation, worked on in its own task.
+struct Call {
+    shared: Arc<Shared>,
+    inv: Invocation,
+    host: String,
+    generation: u64,
+    cancelled: oneshot::Receiver<()>,
+}
+
+impl Call {
+    async fn run(mut self, op: Result<Op, String>) {
+        let op = match op {
+            Ok(op) => op,
+            Err(e) => return self.finish(format!("Error: {e}"), None).await,
+        };
+        match op {
+            Op::Echo(a) => self.finish(a.text, None).await,
+            Op::Sleep(duration, seconds) => {
+                if self.pause(duration).await {
+                    self.finish(format!("slept {seconds} seconds"), None).await;
+                }
+            }
+            Op::Fail(a) => {
+                let message = a
+                    .message
+                    .as_deref()
+                    .unwrap_or("the demo tool was asked to fail");
+                self.finish(format!("Error: {message}"), None).await;
+            }
+            Op::Flaky(a) => {
+                let text = a
+                    .text
+                    .unwrap_or_else(|| format!("succeeded after {} failures", a.failures));
+                self.finish(text, None).await;
+            }
+            Op::Ticks(a) => {
+                self.ticks(a.count, Duration::from_millis(a.interval_ms))
+                    .await
+            }
+            Op::Authorize(a) => self.authorize(a.text).await,
+            Op::Diff(DiffArgs { path }) => {
+                let patch = format!("--- {path}\n+++ {path}\n@@ -1,2 +1,3 @@\n fn main() {{\n+    println!(\"hello\");\n }}\n");
+                let display = vec![
+                    DisplaySegment::Known(KnownSegment::Diff(DiffContent {
+                        path: path.clone(),
+                        patch,
+                    })),
+                    DisplaySegment::Known(KnownSegment::Text(format!("edit {path} — 1 insertion"))),
+                ];
+                self.finish(format!("Replaced text in {path}"), Some(display))
+                    .await;
+            }
+        }
+    }
+
+    async fn ticks(&mut self, count: u64, interval: Duration) {
+        let started = self.result(format!("subscribed to {count} ticks"), None, true);
+        self.send(&Callback::ToolResult(started)).await;
+        for i in 1..=count {
+            let last = i == count;
+            if !self.pause(interval).await || (last && !self.complete()) {
+                return;
+            }
+            let event = SubscriptionEvent {
+                group_id: self.inv.group_id.clone(),
+                tool_call_id: self.inv.id.clone(),
+                text: format!("tick {i}"),
+                associative: true,
+                is_final: last,
+            };
+            self.send(&Callback::SubscriptionEvent(event)).await;
+        }
+    }
+
+    async fn authorize(&mut self, text: Option<String>) {
+        let token = uuid::Uuid::new_v4().to_string();
+        let (consent, consented) = oneshot::channel();
+        self.shared.lock().consents.insert(token.clone(), consent);
+        let oauth = OAuth {
+            group_id: self.inv.group_id.clone(),
+            id: self.inv.id.clone(),
+            call_id: self.inv.call_id.clone(),
+            auth_url: format!("http://{}/authorize/{token}", self.host),
+        };
+        self.send(&Callback::OAuth(oauth)).await;
+        let granted = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => false,
+            answer = consented => answer.is_ok(),
+        };
+        self.shared.lock().consents.remove(&token);
+        if granted {
+            let text = text.map_or_else(|| "authorized".to_owned(), |t| format!("authorized: {t}"));
+            self.finish(text, None).await;
+        }
+    }
+
+    /// Waits `duration`; false if the call was cancelled meanwhile.
+    async fn pause(&mut self, duration: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = &mut self.cancelled => false,
+            _ = tokio::time::sleep(duration) => true,
+        }
+    }
+
+    /// Marks the call finished, before its final callback is sent; false if
+    /// it was cancelled, closed or superseded, in which case nothing is sent.
+    fn complete(&self) -> bool {
+        let key = (self.inv.group_id.clone(), self.inv.id.clone());
+        let mut inner = self.shared.lock();
+        match inner.live.get(&key) {
+            Some(live) if live.generation == self.generation => inner.live.remove(&key).is_some(),
+            _ => false,
+        }
+    }
+
+    async fn finish(&self, text: String, display_as: Option<Vec<DisplaySegment>>) {
+        if self.complete() {
+            let result = self.result(text, display_as, false);
+            self.send(&Callback::ToolResult(result)).await;
+        }
+    }
+
+    fn result(
+        &self,
+        text: String,
+        display_as: Option<Vec<DisplaySegment>>,
+        subscription: bool,
+    ) -> ToolResult {
+        ToolResult {
+            group_id: self.inv.group_id.clone(),
+            id: self.inv.id.clone(),
+            call_id: self.inv.call_id.clone(),
+            text: Some(text),
+            content: None,
+            display_as,
+            subscription,
+        }
+    }
+
+    /// POSTs a callback, retrying with backoff on 5xx or a transport error,
+    /// never on any other status.
+    async fn send(&self, callback: &Callback) {
+        let url = &self.inv.callback_url;
+        let mut backoff = Duration::from_millis(50);
+        for attempt in 1..=CALLBACK_ATTEMPTS {
+            match self.shared.http.post(url).json(callback).send().await {
+                Ok(r) if r.status().is_success() => return,
+                Ok(r) if !r.status().is_server_error() => {
+                    tracing::warn!(%url, status = %r.status(), kind = callback.kind(), "callback refused; not retrying");
+                    return;
+                }
+                Ok(r) => tracing::warn!(%url, status = %r.status(), attempt, "callback failed"),
+                Err(e) => tracing::warn!(%url, error = %e, attempt, "callback failed"),
+            }
+            if attempt < CALLBACK_ATTEMPTS {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+        }
+        tracing::warn!(%url, kind = callback.kind(), "giving up on callback");
+    }
+}
+
+async fn cancel_tool_call(
+    State(shared): State<Arc<Shared>>,
+    Json(req): Json<CancelToolCall>,
+) -> StatusCode {
+    shared
+        .lock()
+        .live
+        .remove(&(req.thread_id, req.tool_call_id));
+    StatusCode::OK
+}
+
+/// Closing a thread cancels its live calls.
+async fn close_thread(
+    State(shared): State<Arc<Shared>>,
+    Json(req): Json<CloseThread>,
+) -> StatusCode {
+    shared
+        .lock()
+        .live
+        .retain(|(group, _), _| *group != req.thread_id);
+    StatusCode::OK
+}
+
+async fn tool_call_status(
+    State(shared): State<Arc<Shared>>,
+    Json(req): Json<ToolCallStatus>,
+) -> Json<ToolCallStatusReply> {
+    let alive = shared
+        .lock()
+        .live
+        .contains_key(&(req.thread_id, req.tool_call_id));
+    Json(ToolCallStatusReply { alive })
+}
+
+async fn authorize(State(shared): State<Arc<Shared>>, Path(token): Path<String>) -> Response {
+    match shared.lock().consents.remove(&token) {
+        Some(consent) => {
+            let _ = consent.send(());
+            "authorized\n".into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            "unknown or already used authorization\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let inner = shared.lock();
+    Json(json!({"invocations": inner.invocations, "by_call": inner.by_call}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::rap::CallbackError;
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    /// The demo tool and a callback receiver, each on its own loopback port.
+    struct Harness {
+        base: String,
+        callback_url: String,
+        callbacks: mpsc::UnboundedReceiver<Result<Callback, CallbackError>>,
+        http: reqwest::Client,
+    }
+
+    async fn start() -> Harness {
+        let tool = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", tool.local_addr().unwrap());
+        tokio::spawn(DemoTool::serve(tool));
+        let (tx, callbacks) = mpsc::unbounded_channel();
+        let receiver = Router::new().route(
+            "/callback",
+            post(move |body: Bytes| async move {
+                let _ = tx.send(Callback::from_slice(&body));
+                StatusCode::OK
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let callback_url = format!("http://{}/callback", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, receiver).await });
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        Harness {
+            base,
+            callback_url,
+            callbacks,
+            http,
+        }
+    }
+
+    impl Harness {
+        async fn invoke(&self, id: &str, operation: &str, arguments: Value) -> StatusCode {
+            let body = json!({
+                "operation": operation, "arguments": arguments, "id": id, "call_id": null,
+                "callback_url": self.callback_url, "group_id": "thread-1",
+            });
+            self.post("/invoke", body).await.status()
+        }
+
+        async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+            self.http
+                .post(format!("{}{path}", self.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+
+        async fn alive(&self, id: &str) -> bool {
+            let body = json!({"thread_id": "thread-1", "tool_call_id": id});
+            let reply: ToolCallStatusReply = self
+                .post("/tool_call_status", body)
+                .await
+                .json()
+                .await
+                .unwrap();
+            reply.alive
+        }
+
+        async fn next(&mut self) -> Callback {
+            let next = tokio::time::timeout(Duration::from_secs(10), self.callbacks.recv()).await;
+            next.expect("no callback within 10s")
+                .expect("receiver gone")
+                .expect("malformed callback")
+        }
+
+        async fn next_result(&mut self) -> ToolResult {
+            match self.next().await {
+                Callback::ToolResult(r) => r,
+                other => panic!("expected a tool_result, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn manifest_lists_every_tool_with_a_strict_schema() {
+        let h = start().await;
+        let url = format!("{}/.well-known/rap-toolset", h.base);
+        let manifest: Manifest = h.http.get(url).send().await.unwrap().json().await.unwrap();
+        assert_eq!(manifest.name, "demo");
+        assert_eq!(manifest.endpoint, format!("{}/invoke", h.base));
+        let names: Vec<&str> = manifest.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, TOOL_NAMES);
+        for tool in &manifest.tools {
+            let schema = &tool.input_schema;
+            assert_eq!(schema["type"], "object", "{}", tool.name);
+            assert_eq!(schema["additionalProperties"], false, "{}", tool.name);
+            assert!(
+                schema["properties"].is_object() && schema["required"].is_array(),
+                "{}",
+                tool.name
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn echo_calls_back_the_text() {
+        let mut h = start().await;
+        assert_eq!(
+            h.invoke("call-1", "echo", json!({"text": "hello"})).await,
+            StatusCode::OK
+        );
+        let result = h.next_result().await;
+        assert_eq!(
+            (result.group_id.as_str(), result.id.as_str()),
+            ("thread-1", "call-1")
+        );
+        assert_eq!(result.text.as_deref(), Some("hello"));
+        assert!(!result.subscription);
+    }
+
+    #[tokio::test]
+    async fn flaky_answers_500_failures_times_then_succeeds() {
+        let mut h = start().await;
+        let args = json!({"failures": 2});
+        assert_eq!(
+            h.invoke("f", "flaky", args.clone()).await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            h.invoke("f", "flaky", args.clone()).await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(h.invoke("f", "flaky", args).await, StatusCode::OK);
+        let result = h.next_result().await;
+        assert_eq!(result.text.as_deref(), Some("succeeded after 2 failures"));
+        assert!(
+            h.callbacks.try_recv().is_err(),
+            "the refused attempts must not call back"
+        );
+        let stats: Value = h
+            .http
+            .get(format!("{}/stats", h.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            stats,
+            json!({"invocations": 3, "by_call": {"thread-1/f": 3}})
+        );
+    }
+
+    #[tokio::test]
+    async fn ticks_subscribe_then_send_events_up_to_a_final_one() {
+        let mut h = start().await;
+        assert_eq!(
+            h.invoke("t", "ticks", json!({"count": 3, "interval_ms": 0}))
+                .await,
+            StatusCode::OK
+        );
+        let result = h.next_result().await;
+        assert!(result.subscription);
+        assert_eq!(result.text.as_deref(), Some("subscribed to 3 ticks"));
+        for i in 1..=3 {
+            let Callback::SubscriptionEvent(event) = h.next().await else {
+                panic!("expected an event")
+            };
+            assert_eq!(event.tool_call_id, "t");
+            assert_eq!(event.text, format!("tick {i}"));
+            assert!(event.associative);
+            assert_eq!(event.is_final, i == 3);
+        }
+        assert!(!h.alive("t").await);
+    }
+
+    #[tokio::test]
+    async fn cancelled_ticks_stop_and_are_no_longer_alive() {
+        let mut h = start().await;
+        h.invoke("t", "ticks", json!({"count": 1000, "interval_ms": 5}))
+            .await;
+        assert!(h.next_result().await.subscription);
+        assert!(matches!(h.next().await, Callback::SubscriptionEvent(e) if !e.is_final));
+        assert!(h.alive("t").await);
+        let cancel = h.post(
+            "/cancel_tool_call",
+            json!({"thread_id": "thread-1", "tool_call_id": "t"}),
+        );
+        assert_eq!(cancel.await.status(), StatusCode::OK);
+        assert!(!h.alive("t").await);
+    }
+
+    #[tokio::test]
+    async fn fail_sends_an_error_result() {
+        let mut h = start().await;
+        h.invoke("a", "fail", json!({})).await;
+        assert_eq!(
+            h.next_result().await.text.as_deref(),
+            Some("Error: the demo tool was asked to fail")
+        );
+        h.invoke("b", "fail", json!({"message": "boom"})).await;
+        let result = h.next_result().await;
+        assert_eq!(result.text.as_deref(), Some("Error: boom"));
+        assert!(result.is_error());
+    }
+
+    #[tokio::test]
+    async fn bad_invocations_still_ack_then_report_an_error() {
+        let mut h = start().await;
+        assert_eq!(
+            h.invoke("u", "no_such_tool", json!({})).await,
+            StatusCode::OK
+        );
+        let result = h.next_result().await;
+        assert_eq!(result.id, "u");
+        assert!(result.text.unwrap().starts_with("Error: unknown operation"));
+        assert_eq!(
+            h.invoke("v", "echo", json!({"txt": 1})).await,
+            StatusCode::OK
+        );
+        assert!(h
+            .next_result()
+            .await
+            .text
+            .unwrap()
+            .starts_with("Error: invalid arguments for echo"));
+        assert_eq!(
+            h.invoke("w", "ticks", json!({"count": 0})).await,
+            StatusCode::OK
+        );
+        assert!(h.next_result().await.is_error());
+        let malformed = h.post("/invoke", json!({"operation": "echo"})).await;
+        assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn tool_call_status_tracks_liveness() {
+        let mut h = start().await;
+        assert!(!h.alive("never-seen").await);
+        h.invoke("s", "sleep", json!({"seconds": 3600})).await;
+        assert!(h.alive("s").await);
+        h.post("/close_thread", json!({"thread_id": "thread-1"}))
+            .await;
+        assert!(!h.alive("s").await);
+        h.invoke("e", "echo", json!({"text": "x"})).await;
+        h.next_result().await;
+        assert!(!h.alive("e").await);
+    }
+
+    #[tokio::test]
+    async fn authorize_waits_for_consent() {
+        let mut h = start().await;
+        h.invoke("o", "authorize", json!({"text": "hi"})).await;
+        let Callback::OAuth(oauth) = h.next().await else {
+            panic!("expected an oauth callback")
+        };
+        assert!(oauth
+            .auth_url
+            .starts_with(&format!("{}/authorize/", h.base)));
+        assert!(h.alive("o").await);
+        let page = h.http.get(&oauth.auth_url).send().await.unwrap();
+        assert_eq!(page.text().await.unwrap().trim(), "authorized");
+        assert_eq!(
+            h.next_result().await.text.as_deref(),
+            Some("authorized: hi")
+        );
+    }
+
+    #[tokio::test]
+    async fn diff_has_a_diff_then_a_text_segment() {
+        let mut h = start().await;
+        h.invoke("d", "diff", json!({"path": "src/main.rs"})).await;
+        let result = h.next_result().await;
+        assert_eq!(result.text.as_deref(), Some("Replaced text in src/main.rs"));
+        let segments = result.display_as.unwrap();
+        let DisplaySegment::Known(KnownSegment::Diff(diff)) = &segments[0] else {
+            panic!("no diff")
+        };
+        assert_eq!(diff.path, "src/main.rs");
+        assert!(diff
+            .patch
+            .starts_with("--- src/main.rs\n+++ src/main.rs\n@@"));
+        let text =
+            DisplaySegment::Known(KnownSegment::Text("edit src/main.rs — 1 insertion".into()));
+        assert_eq!(segments[1], text);
+    }
+}

@@ -1,0 +1,368 @@
+//! Commands and the decisions they produce. Every rule of the RAP callback
+//! table (`rap-3`) that depends on a call's state is here.
+
+use ferry_proto::api::{CallStatus, EventKind, ResultOrigin};
+use ferry_proto::rap::Callback;
+
+use super::state::{CallRecord, NewCall, ThreadState};
+use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT};
+
+/// Something asked of a thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// An agent submits a call.
+    Submit(NewCall),
+    /// The built-in `cancel_subscription` tool: record the call, cancel the
+    /// subscription `target` if it is active here, and answer at once.
+    CancelSubscriptionTool {
+        call: NewCall,
+        target: String,
+    },
+    /// The tool acknowledged the invocation after `attempts` attempts.
+    DispatchAcked {
+        id: String,
+        attempts: u32,
+    },
+    /// Dispatch gave up; `text` starts with `Error: `.
+    DispatchFailed {
+        id: String,
+        attempts: u32,
+        text: String,
+    },
+    /// A tool's callback; its token already named this thread and call.
+    Callback(Callback),
+    /// The agent cancels a call (or the subscription it opened).
+    Cancel {
+        id: String,
+    },
+    /// The agent cancels an active subscription.
+    CancelSubscription {
+        id: String,
+    },
+    Close,
+    /// Recovery found the tool server no longer processes the call.
+    Lost {
+        id: String,
+    },
+}
+
+impl Command {
+    /// The calls the command reads, so the store loads only those.
+    pub fn call_ids(&self) -> Vec<&str> {
+        match self {
+            Command::Submit(call) => vec![&call.id],
+            Command::CancelSubscriptionTool { call, target } => vec![&call.id, target],
+            Command::DispatchAcked { id, .. }
+            | Command::DispatchFailed { id, .. }
+            | Command::Cancel { id }
+            | Command::CancelSubscription { id }
+            | Command::Lost { id } => vec![id],
+            Command::Callback(cb) => cb.call_id().into_iter().collect(),
+            Command::Close => vec![],
+        }
+    }
+}
+
+/// One event to record, before it is numbered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub id: Option<String>,
+    pub kind: EventKind,
+}
+
+impl Change {
+    fn of(id: &str, kind: EventKind) -> Self {
+        Self {
+            id: Some(id.to_owned()),
+            kind,
+        }
+    }
+}
+
+/// What a command did to the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// New events were recorded.
+    Applied,
+    /// The same thing was already recorded; nothing new.
+    Duplicate,
+    /// Accepted and deliberately dropped (a result for a cancelled call).
+    Ignored,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub changes: Vec<Change>,
+    pub outcome: Outcome,
+}
+
+impl Decision {
+    fn applied(changes: Vec<Change>) -> Self {
+        Self {
+            changes,
+            outcome: Outcome::Applied,
+        }
+    }
+
+    fn nothing(outcome: Outcome) -> Self {
+        Self {
+            changes: vec![],
+            outcome,
+        }
+    }
+}
+
+/// Why a command was refused. Refusals change nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("no call {0:?} in this thread")]
+    UnknownCall(String),
+    #[error("call {0:?} already exists with a different body")]
+    Conflict(String),
+    #[error("the thread is closed")]
+    ThreadClosed,
+    #[error("the subscription of call {0:?} was cancelled or has ended")]
+    SubscriptionGone(String),
+    #[error("call {id:?} is already {status:?}")]
+    Finished { id: String, status: CallStatus },
+    #[error("call {0:?} is not an active subscription of this thread")]
+    NotSubscribed(String),
+}
+
+/// Decides what `command` does to `state`. Pure.
+pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Rejection> {
+    match command {
+        Command::Submit(call) => submit(state, call),
+        Command::CancelSubscriptionTool { call, target } => {
+            cancel_subscription_tool(state, call, target)
+        }
+        Command::DispatchAcked { id, attempts } => {
+            let call = existing(state, id)?;
+            Ok(match call.status {
+                CallStatus::Cancelled | CallStatus::Failed => Decision::nothing(Outcome::Ignored),
+                _ if call.attempts >= *attempts && call.status != CallStatus::Queued => {
+                    Decision::nothing(Outcome::Duplicate)
+                }
+                _ => Decision::applied(vec![Change::of(
+                    id,
+                    EventKind::CallDispatched {
+                        attempts: *attempts,
+                    },
+                )]),
+            })
+        }
+        Command::DispatchFailed { id, attempts, text } => {
+            let call = existing(state, id)?;
+            if call.status != CallStatus::Queued {
+                return Ok(Decision::nothing(Outcome::Ignored));
+            }
+            Ok(Decision::applied(vec![
+                Change::of(
+                    id,
+                    EventKind::CallDispatched {
+                        attempts: *attempts,
+                    },
+                ),
+                failure(id, text),
+            ]))
+        }
+        Command::Callback(cb) => callback(state, cb),
+        Command::Cancel { id } => {
+            let call = existing(state, id)?;
+            let kind = match call.status {
+                s if s.is_pending() => EventKind::CallCancelled,
+                CallStatus::Subscribed => EventKind::SubscriptionCancelled,
+                status => {
+                    return Err(Rejection::Finished {
+                        id: id.clone(),
+                        status,
+                    })
+                }
+            };
+            Ok(Decision::applied(vec![Change::of(id, kind)]))
+        }
+        Command::CancelSubscription { id } => {
+            if !state.meta.active_subscriptions.contains(id) {
+                return Err(Rejection::NotSubscribed(id.clone()));
+            }
+            Ok(Decision::applied(vec![Change::of(
+                id,
+                EventKind::SubscriptionCancelled,
+            )]))
+        }
+        Command::Close if state.meta.closed => Ok(Decision::nothing(Outcome::Duplicate)),
+        Command::Close => Ok(Decision::applied(vec![Change {
+            id: None,
+            kind: EventKind::ThreadClosed,
+        }])),
+        Command::Lost { id } => {
+            let call = existing(state, id)?;
+            Ok(match call.status {
+                s if s.is_pending() => Decision::applied(vec![failure(id, LOST_CALL_TEXT)]),
+                CallStatus::Subscribed => Decision::applied(vec![Change::of(
+                    id,
+                    EventKind::SubscriptionEvent {
+                        text: LOST_SUBSCRIPTION_TEXT.to_owned(),
+                        associative: false,
+                        is_final: true,
+                    },
+                )]),
+                _ => Decision::nothing(Outcome::Ignored),
+            })
+        }
+    }
+}
+
+fn existing<'s>(state: &'s ThreadState, id: &str) -> Result<&'s CallRecord, Rejection> {
+    state
+        .calls
+        .get(id)
+        .ok_or_else(|| Rejection::UnknownCall(id.to_owned()))
+}
+
+fn accepted(call: &NewCall) -> Change {
+    Change::of(
+        &call.id,
+        EventKind::CallAccepted {
+            operation: call.operation.clone(),
+            tool: call.tool.clone(),
+            arguments: call.arguments.clone(),
+            call_id: call.call_id.clone(),
+            user_id: call.user_id.clone(),
+            thread_ancestors: call.thread_ancestors.clone(),
+            target: call.target.clone(),
+        },
+    )
+}
+
+fn failure(id: &str, text: &str) -> Change {
+    Change::of(
+        id,
+        EventKind::ToolResult {
+            text: text.to_owned(),
+            content: None,
+            display_as: None,
+            is_error: text.starts_with("Error: "),
+            subscription: false,
+            origin: ResultOrigin::Ferry,
+        },
+    )
+}
+
+/// A resubmission of the same body is a duplicate; a different body under
+/// the same id is a conflict (invariant 2).
+fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
+    if let Some(existing) = state.calls.get(&call.id) {
+        return if existing.same_submission(call) {
+            Ok(Decision::nothing(Outcome::Duplicate))
+        } else {
+            Err(Rejection::Conflict(call.id.clone()))
+        };
+    }
+    if state.meta.closed {
+        return Err(Rejection::ThreadClosed);
+    }
+    Ok(Decision::applied(vec![accepted(call)]))
+}
+
+fn cancel_subscription_tool(
+    state: &ThreadState,
+    call: &NewCall,
+    target: &str,
+) -> Result<Decision, Rejection> {
+    let mut decision = submit(state, call)?;
+    if decision.outcome != Outcome::Applied {
+        return Ok(decision);
+    }
+    let text = if state.meta.active_subscriptions.contains(target) {
+        decision
+            .changes
+            .push(Change::of(target, EventKind::SubscriptionCancelled));
+        format!("Cancelled subscription {target}")
+    } else {
+        format!("Error: {target} is not an active subscription of this thread")
+    };
+    let mut result = failure(&call.id, &text);
+    if let EventKind::ToolResult { origin, .. } = &mut result.kind {
+        *origin = ResultOrigin::Tool;
+    }
+    decision.changes.push(result);
+    Ok(decision)
+}
+
+fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
+    if let Callback::ViewUpdate(v) = cb {
+        if state.meta.views.get(&v.view_type) == Some(&v.content) {
+            return Ok(Decision::nothing(Outcome::Duplicate));
+        }
+        return Ok(Decision::applied(vec![Change {
+            id: None,
+            kind: EventKind::ViewUpdate {
+                view_type: v.view_type.clone(),
+                content: v.content.clone(),
+            },
+        }]));
+    }
+    let id = cb
+        .call_id()
+        .expect("every callback but view_update names a call");
+    let call = existing(state, id)?;
+    let change = |kind| Ok(Decision::applied(vec![Change::of(id, kind)]));
+    match cb {
+        Callback::ToolResult(r) => match call.status {
+            s if s.is_pending() => change(EventKind::ToolResult {
+                text: r.model_text(),
+                content: r.content.clone(),
+                display_as: r.display_as.clone(),
+                is_error: r.is_error(),
+                subscription: r.subscription,
+                origin: ResultOrigin::Tool,
+            }),
+            CallStatus::Cancelled => Ok(Decision::nothing(Outcome::Ignored)),
+            // Completed, failed or subscribed: the outcome is already
+            // recorded, and a call has exactly one (invariant 2).
+            _ => Ok(Decision::nothing(Outcome::Duplicate)),
+        },
+        Callback::SubscriptionEvent(e) => match call.status {
+            CallStatus::Cancelled => Err(Rejection::SubscriptionGone(id.to_owned())),
+            _ if call.subscription_ended => Err(Rejection::SubscriptionGone(id.to_owned())),
+            // Pending: the event overtook the result that opens the
+            // subscription; keep it (invariant 6).
+            s if s.is_pending() || s == CallStatus::Subscribed => {
+                change(EventKind::SubscriptionEvent {
+                    text: e.text.clone(),
+                    associative: e.associative,
+                    is_final: e.is_final,
+                })
+            }
+            _ => Err(Rejection::NotSubscribed(id.to_owned())),
+        },
+        Callback::OAuth(o) => match call.status {
+            CallStatus::AwaitingAuth if call.auth_url.as_deref() == Some(&o.auth_url) => {
+                Ok(Decision::nothing(Outcome::Duplicate))
+            }
+            s if s.is_pending() => change(EventKind::OAuth {
+                auth_url: o.auth_url.clone(),
+            }),
+            CallStatus::Cancelled => Ok(Decision::nothing(Outcome::Ignored)),
+            _ => Ok(Decision::nothing(Outcome::Duplicate)),
+        },
+        Callback::UserChoice(c) => {
+            let same = call.choice.as_ref().is_some_and(|p| {
+                p.prompt == c.prompt && p.choices == c.choices && p.response_url == c.response_url
+            });
+            match call.status {
+                CallStatus::AwaitingUser if same => Ok(Decision::nothing(Outcome::Duplicate)),
+                s if s.is_pending() => change(EventKind::UserChoice {
+                    prompt: c.prompt.clone(),
+                    choices: c.choices.clone(),
+                    default: c.default,
+                    response_url: c.response_url.clone(),
+                }),
+                CallStatus::Cancelled => Ok(Decision::nothing(Outcome::Ignored)),
+                _ => Ok(Decision::nothing(Outcome::Duplicate)),
+            }
+        }
+        Callback::ViewUpdate(_) => unreachable!("handled above"),
+    }
+}

@@ -1,0 +1,161 @@
+//! Folding events into thread state.
+
+use ferry_proto::api::{CallResult, CallStatus, Event, EventKind, PendingChoice, ResultOrigin};
+
+use super::decide::Change;
+use super::state::{CallRecord, ThreadState};
+
+/// Numbers `changes` after the thread's last event, stamps them with `at`,
+/// folds them into `state`, and returns the events to record.
+pub fn apply(state: &mut ThreadState, at: &str, changes: Vec<Change>) -> Vec<Event> {
+    changes
+        .into_iter()
+        .map(|change| {
+            let event = Event {
+                seq: state.meta.last_seq + 1,
+                group_id: state.meta.group_id.clone(),
+                id: change.id,
+                at: at.to_owned(),
+                kind: change.kind,
+            };
+            evolve(state, &event);
+            event
+        })
+        .collect()
+}
+
+/// Folds one event into `state`. The calls an event names must be loaded.
+pub fn evolve(state: &mut ThreadState, event: &Event) {
+    let meta = &mut state.meta;
+    meta.last_seq = event.seq;
+    if meta.created_at.is_empty() {
+        meta.created_at = event.at.clone();
+    }
+    meta.updated_at = event.at.clone();
+    let id = event.id.as_deref().unwrap_or_default();
+    match &event.kind {
+        EventKind::CallAccepted {
+            operation,
+            tool,
+            arguments,
+            call_id,
+            user_id,
+            thread_ancestors,
+            target,
+        } => {
+            if meta.ancestors.is_none() {
+                meta.ancestors = thread_ancestors.clone();
+            }
+            *meta.counts.entry(CallStatus::Queued).or_default() += 1;
+            let record = CallRecord {
+                id: id.to_owned(),
+                call_id: call_id.clone(),
+                operation: operation.clone(),
+                arguments: arguments.clone(),
+                user_id: user_id.clone(),
+                thread_ancestors: thread_ancestors.clone(),
+                tool: tool.clone(),
+                target: target.clone(),
+                status: CallStatus::Queued,
+                attempts: 0,
+                accepted_seq: event.seq,
+                created_at: event.at.clone(),
+                updated_at: event.at.clone(),
+                result: None,
+                auth_url: None,
+                choice: None,
+                subscription_events: 0,
+                subscription_ended: false,
+            };
+            state.calls.insert(id.to_owned(), record);
+        }
+        EventKind::ThreadClosed => meta.closed = true,
+        EventKind::ViewUpdate { view_type, content } => {
+            meta.views.insert(view_type.clone(), content.clone());
+        }
+        kind => {
+            let Some(call) = state.calls.get_mut(id) else {
+                debug_assert!(false, "event {} for a call not loaded", kind.name());
+                return;
+            };
+            call.updated_at = event.at.clone();
+            let status = match kind {
+                EventKind::CallDispatched { attempts } => {
+                    call.attempts = *attempts;
+                    match call.status {
+                        CallStatus::Queued => CallStatus::Dispatched,
+                        other => other,
+                    }
+                }
+                EventKind::ToolResult {
+                    text,
+                    content,
+                    display_as,
+                    is_error,
+                    subscription,
+                    origin,
+                } => {
+                    call.result = Some(CallResult {
+                        text: text.clone(),
+                        content: content.clone(),
+                        display_as: display_as.clone(),
+                        is_error: *is_error,
+                    });
+                    call.auth_url = None;
+                    call.choice = None;
+                    match origin {
+                        ResultOrigin::Ferry => CallStatus::Failed,
+                        ResultOrigin::Tool if *subscription && !call.subscription_ended => {
+                            meta.active_subscriptions.insert(id.to_owned());
+                            CallStatus::Subscribed
+                        }
+                        ResultOrigin::Tool => CallStatus::Completed,
+                    }
+                }
+                EventKind::SubscriptionEvent { is_final, .. } => {
+                    call.subscription_events += 1;
+                    call.subscription_ended |= *is_final;
+                    if *is_final {
+                        meta.active_subscriptions.remove(id);
+                    }
+                    match call.status {
+                        CallStatus::Subscribed if *is_final => CallStatus::Completed,
+                        other => other,
+                    }
+                }
+                EventKind::OAuth { auth_url } => {
+                    call.auth_url = Some(auth_url.clone());
+                    CallStatus::AwaitingAuth
+                }
+                EventKind::UserChoice {
+                    prompt,
+                    choices,
+                    default,
+                    response_url,
+                } => {
+                    call.choice = Some(PendingChoice {
+                        prompt: prompt.clone(),
+                        choices: choices.clone(),
+                        default: *default,
+                        response_url: response_url.clone(),
+                    });
+                    CallStatus::AwaitingUser
+                }
+                EventKind::CallCancelled | EventKind::SubscriptionCancelled => {
+                    meta.active_subscriptions.remove(id);
+                    CallStatus::Cancelled
+                }
+                EventKind::CallAccepted { .. }
+                | EventKind::ThreadClosed
+                | EventKind::ViewUpdate { .. } => unreachable!("handled above"),
+            };
+            if status != call.status {
+                if let Some(n) = meta.counts.get_mut(&call.status) {
+                    *n = n.saturating_sub(1);
+                }
+                *meta.counts.entry(status).or_default() += 1;
+                call.status = status;
+            }
+        }
+    }
+}

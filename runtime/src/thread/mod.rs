@@ -1,0 +1,26 @@
+//! The thread state machine, pure: `decide(state, command) -> changes |
+//! rejection`, then `apply` numbers the changes into events and folds them
+//! into the state. No I/O, no clocks: the caller passes the time.
+//!
+//! **Invariant:** state changes only through `evolve` of an event, so a
+//! thread's metadata is exactly the fold of its log.
+
+mod decide;
+mod evolve;
+mod state;
+
+pub use decide::{decide, Change, Command, Decision, Outcome, Rejection};
+pub use evolve::{apply, evolve};
+pub use state::{CallRecord, NewCall, ThreadMeta, ThreadState};
+
+/// The text of the failure Ferry records when a tool server no longer knows
+/// a call it was sent (`rap-3`, recovery).
+pub const LOST_CALL_TEXT: &str = "Error: the tool server is no longer processing this call";
+
+/// The final subscription event Ferry records when a tool server no longer
+/// knows an active subscription.
+pub const LOST_SUBSCRIPTION_TEXT: &str =
+    "Error: the tool server is no longer processing this subscription";
+
+#[cfg(test)]
+mod tests;

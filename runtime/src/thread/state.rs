@@ -1,0 +1,103 @@
+//! What folding a thread's log yields: the thread's metadata and its calls.
+//! Commands load only the calls they touch, so a `ThreadState` is a partial
+//! view: `meta` plus the named calls.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ferry_proto::api::{CallResult, CallStatus, PendingChoice, ToolTarget};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Thread-wide metadata, small enough to load for every command.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadMeta {
+    pub group_id: String,
+    /// Ancestors, root first, as the first call in the thread named them.
+    pub ancestors: Option<Vec<String>>,
+    /// The sequence number of the thread's last event; 0 for a new thread.
+    pub last_seq: u64,
+    pub closed: bool,
+    /// Calls whose result opened a subscription that is still active.
+    pub active_subscriptions: BTreeSet<String>,
+    /// How many calls are in each status.
+    pub counts: BTreeMap<CallStatus, u64>,
+    /// The latest `view_update` content per `view_type`.
+    pub views: BTreeMap<String, Value>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// One call and everything known about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    pub id: String,
+    pub call_id: Option<String>,
+    /// As the agent named it; with the fields below, what makes a resubmission
+    /// "the same body".
+    pub operation: String,
+    pub arguments: Value,
+    pub user_id: Option<String>,
+    pub thread_ancestors: Option<Vec<String>>,
+    /// Fully qualified tool name: `Toolset.tool@version` (or the built-in's
+    /// name).
+    pub tool: String,
+    /// `None` for built-in tools, which are never dispatched.
+    pub target: Option<ToolTarget>,
+    pub status: CallStatus,
+    /// Dispatch attempts made until the tool acknowledged (or Ferry gave up).
+    pub attempts: u32,
+    pub accepted_seq: u64,
+    pub created_at: String,
+    pub updated_at: String,
+    pub result: Option<CallResult>,
+    pub auth_url: Option<String>,
+    pub choice: Option<PendingChoice>,
+    /// Subscription events recorded for this call.
+    pub subscription_events: u64,
+    /// A `final` subscription event arrived (possibly before the result).
+    pub subscription_ended: bool,
+}
+
+impl CallRecord {
+    /// Whether `other` is the same submission as the one that made this call.
+    pub fn same_submission(&self, other: &NewCall) -> bool {
+        self.operation == other.operation
+            && self.arguments == other.arguments
+            && self.call_id == other.call_id
+            && self.user_id == other.user_id
+            && self.thread_ancestors == other.thread_ancestors
+    }
+}
+
+/// A call as submitted, after its tool was resolved and its arguments
+/// validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCall {
+    pub id: String,
+    pub call_id: Option<String>,
+    pub operation: String,
+    pub arguments: Value,
+    pub user_id: Option<String>,
+    pub thread_ancestors: Option<Vec<String>>,
+    pub tool: String,
+    pub target: Option<ToolTarget>,
+}
+
+/// The metadata of a thread and the calls a command touches.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadState {
+    pub meta: ThreadMeta,
+    pub calls: HashMap<String, CallRecord>,
+}
+
+impl ThreadState {
+    pub fn new(group_id: &str) -> Self {
+        Self {
+            meta: ThreadMeta {
+                group_id: group_id.to_owned(),
+                ..ThreadMeta::default()
+            },
+            calls: HashMap::new(),
+        }
+    }
+}

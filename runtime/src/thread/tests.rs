@@ -1,0 +1,433 @@
+//! The state machine's rules, one scenario per test: a sequence of commands
+//! and what each must answer.
+
+use ferry_proto::api::{CallStatus, EventKind, ToolTarget};
+use ferry_proto::rap::{Callback, OAuth, SubscriptionEvent, ToolResult, ViewUpdate};
+use serde_json::json;
+
+use super::*;
+
+const G: &str = "thread";
+
+fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
+    NewCall {
+        id: id.into(),
+        call_id: None,
+        operation: "echo".into(),
+        arguments,
+        user_id: None,
+        thread_ancestors: None,
+        tool: "demo.echo@1.0.0".into(),
+        target: Some(ToolTarget {
+            tool_name: "echo".into(),
+            base_url: "http://tool".into(),
+            endpoint: "http://tool/invoke".into(),
+        }),
+    }
+}
+
+fn result(id: &str, text: &str, subscription: bool) -> Command {
+    Command::Callback(Callback::ToolResult(ToolResult {
+        group_id: G.into(),
+        id: id.into(),
+        call_id: None,
+        text: Some(text.into()),
+        content: None,
+        display_as: None,
+        subscription,
+    }))
+}
+
+fn sub_event(id: &str, text: &str, is_final: bool) -> Command {
+    Command::Callback(Callback::SubscriptionEvent(SubscriptionEvent {
+        group_id: G.into(),
+        tool_call_id: id.into(),
+        text: text.into(),
+        associative: true,
+        is_final,
+    }))
+}
+
+/// What one command must answer: the event types it records, or a refusal.
+type Expect = Result<&'static [&'static str], Rejection>;
+
+/// Runs `steps` against one thread, checking each answer, and returns the
+/// final state. A refused or no-op command must leave the state unchanged.
+fn check(steps: Vec<(Command, Expect)>) -> ThreadState {
+    let mut state = ThreadState::new(G);
+    for (i, (command, expected)) in steps.into_iter().enumerate() {
+        let before = state.clone();
+        match (decide(&state, &command), expected) {
+            (Ok(decision), Ok(names)) => {
+                let events = apply(&mut state, "t", decision.changes);
+                let got: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
+                assert_eq!(got, names, "step {i}: {command:?}");
+                if names.is_empty() {
+                    assert_eq!(state, before, "step {i}: a no-op changed state");
+                }
+            }
+            (Err(got), Err(want)) => {
+                assert_eq!(got, want, "step {i}");
+                assert_eq!(state, before);
+            }
+            (got, want) => panic!("step {i}: {command:?}: got {got:?}, want {want:?}"),
+        }
+    }
+    state
+}
+
+fn status(state: &ThreadState, id: &str) -> CallStatus {
+    state.calls[id].status
+}
+
+#[test]
+fn a_call_runs_to_completion_and_numbers_its_events() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({"text": "hi"}))),
+            Ok(&["call_accepted"]),
+        ),
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 3,
+            },
+            Ok(&["call_dispatched"]),
+        ),
+        (result("c", "hi", false), Ok(&["tool_result"])),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Completed);
+    assert_eq!(state.calls["c"].attempts, 3);
+    assert_eq!(state.meta.last_seq, 3);
+    assert_eq!(state.meta.counts.get(&CallStatus::Completed), Some(&1));
+    assert_eq!(state.meta.counts.get(&CallStatus::Queued), Some(&0));
+}
+
+#[test]
+fn resubmission_is_idempotent_and_a_different_body_conflicts() {
+    check(vec![
+        (
+            Command::Submit(new_call("c", json!({"a": 1}))),
+            Ok(&["call_accepted"]),
+        ),
+        (Command::Submit(new_call("c", json!({"a": 1}))), Ok(&[])),
+        (
+            Command::Submit(new_call("c", json!({"a": 2}))),
+            Err(Rejection::Conflict("c".into())),
+        ),
+    ]);
+}
+
+#[test]
+fn duplicate_results_record_one_outcome() {
+    check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "one", false), Ok(&["tool_result"])),
+        (result("c", "one", false), Ok(&[])),
+        (result("c", "another", false), Ok(&[])),
+        // The dispatch acknowledgement may arrive after the result.
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 1,
+            },
+            Ok(&["call_dispatched"]),
+        ),
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 1,
+            },
+            Ok(&[]),
+        ),
+    ]);
+}
+
+#[test]
+fn results_for_unknown_calls_are_refused() {
+    check(vec![(
+        result("nope", "x", false),
+        Err(Rejection::UnknownCall("nope".into())),
+    )]);
+}
+
+#[test]
+fn a_subscription_event_may_overtake_its_result() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("s", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (sub_event("s", "early", false), Ok(&["subscription_event"])),
+        (result("s", "subscribed", true), Ok(&["tool_result"])),
+        (sub_event("s", "tick", false), Ok(&["subscription_event"])),
+    ]);
+    assert_eq!(status(&state, "s"), CallStatus::Subscribed);
+    assert!(state.meta.active_subscriptions.contains("s"));
+    assert_eq!(state.calls["s"].subscription_events, 2);
+}
+
+#[test]
+fn a_final_event_before_the_result_leaves_no_active_subscription() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("s", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (sub_event("s", "last", true), Ok(&["subscription_event"])),
+        (result("s", "subscribed", true), Ok(&["tool_result"])),
+        (
+            sub_event("s", "after final", false),
+            Err(Rejection::SubscriptionGone("s".into())),
+        ),
+    ]);
+    assert_eq!(status(&state, "s"), CallStatus::Completed);
+    assert!(state.meta.active_subscriptions.is_empty());
+}
+
+#[test]
+fn final_closes_and_cancel_makes_later_events_gone() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("a", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("a", "sub", true), Ok(&["tool_result"])),
+        (sub_event("a", "1", true), Ok(&["subscription_event"])),
+        (
+            sub_event("a", "2", false),
+            Err(Rejection::SubscriptionGone("a".into())),
+        ),
+        (
+            Command::Submit(new_call("b", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("b", "sub", true), Ok(&["tool_result"])),
+        (
+            Command::CancelSubscription { id: "b".into() },
+            Ok(&["subscription_cancelled"]),
+        ),
+        (
+            sub_event("b", "late", false),
+            Err(Rejection::SubscriptionGone("b".into())),
+        ),
+        (
+            Command::CancelSubscription { id: "b".into() },
+            Err(Rejection::NotSubscribed("b".into())),
+        ),
+    ]);
+    assert_eq!(status(&state, "a"), CallStatus::Completed);
+    assert_eq!(status(&state, "b"), CallStatus::Cancelled);
+    assert!(state.meta.active_subscriptions.is_empty());
+}
+
+#[test]
+fn events_for_a_plain_finished_call_are_refused() {
+    check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "done", false), Ok(&["tool_result"])),
+        (
+            sub_event("c", "x", false),
+            Err(Rejection::NotSubscribed("c".into())),
+        ),
+    ]);
+}
+
+#[test]
+fn the_builtin_cancels_only_this_threads_active_subscriptions() {
+    let builtin = |id: &str, target: &str| Command::CancelSubscriptionTool {
+        call: NewCall {
+            target: None,
+            tool: "cancel_subscription".into(),
+            ..new_call(id, json!({"tool_call_id": target}))
+        },
+        target: target.into(),
+    };
+    let state = check(vec![
+        (
+            Command::Submit(new_call("s", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("s", "sub", true), Ok(&["tool_result"])),
+        (
+            builtin("k1", "s"),
+            Ok(&["call_accepted", "subscription_cancelled", "tool_result"]),
+        ),
+        (builtin("k2", "s"), Ok(&["call_accepted", "tool_result"])),
+    ]);
+    assert!(!state.calls["k1"].result.as_ref().unwrap().is_error);
+    assert!(state.calls["k2"]
+        .result
+        .as_ref()
+        .unwrap()
+        .text
+        .starts_with("Error: "));
+    assert_eq!(status(&state, "k2"), CallStatus::Completed);
+}
+
+#[test]
+fn cancel_ends_pending_calls_and_later_results_are_ignored() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (Command::Cancel { id: "c".into() }, Ok(&["call_cancelled"])),
+        (result("c", "late", false), Ok(&[])),
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 1,
+            },
+            Ok(&[]),
+        ),
+        (
+            Command::Cancel { id: "c".into() },
+            Err(Rejection::Finished {
+                id: "c".into(),
+                status: CallStatus::Cancelled,
+            }),
+        ),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Cancelled);
+    assert!(state.calls["c"].result.is_none());
+}
+
+#[test]
+fn dispatch_failure_fails_only_a_queued_call() {
+    let failed = |id: &str| Command::DispatchFailed {
+        id: id.into(),
+        attempts: 5,
+        text: "Error: the tool could not be reached".into(),
+    };
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (failed("c"), Ok(&["call_dispatched", "tool_result"])),
+        (result("c", "late", false), Ok(&[])),
+        (
+            Command::Submit(new_call("d", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("d", "fast", false), Ok(&["tool_result"])),
+        (failed("d"), Ok(&[])),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Failed);
+    assert!(state.calls["c"].result.as_ref().unwrap().is_error);
+    assert_eq!(status(&state, "d"), CallStatus::Completed);
+}
+
+#[test]
+fn oauth_waits_then_the_result_completes() {
+    let oauth = Command::Callback(Callback::OAuth(OAuth {
+        group_id: G.into(),
+        id: "c".into(),
+        call_id: None,
+        auth_url: "https://auth".into(),
+    }));
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (oauth.clone(), Ok(&["oauth"])),
+        (oauth, Ok(&[])),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::AwaitingAuth);
+    assert_eq!(state.calls["c"].auth_url.as_deref(), Some("https://auth"));
+}
+
+#[test]
+fn view_updates_keep_the_latest_content() {
+    let view = |n: i64| {
+        Command::Callback(Callback::ViewUpdate(ViewUpdate {
+            group_id: G.into(),
+            view_type: "diff".into(),
+            content: json!({"n": n}),
+        }))
+    };
+    let state = check(vec![
+        (view(1), Ok(&["view_update"])),
+        (view(1), Ok(&[])),
+        (view(2), Ok(&["view_update"])),
+    ]);
+    assert_eq!(state.meta.views["diff"], json!({"n": 2}));
+}
+
+#[test]
+fn a_closed_thread_refuses_calls() {
+    check(vec![
+        (Command::Close, Ok(&["thread_closed"])),
+        (Command::Close, Ok(&[])),
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Err(Rejection::ThreadClosed),
+        ),
+    ]);
+}
+
+#[test]
+fn lost_calls_fail_and_lost_subscriptions_end() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (Command::Lost { id: "c".into() }, Ok(&["tool_result"])),
+        (
+            Command::Submit(new_call("s", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("s", "sub", true), Ok(&["tool_result"])),
+        (
+            Command::Lost { id: "s".into() },
+            Ok(&["subscription_event"]),
+        ),
+        (Command::Lost { id: "s".into() }, Ok(&[])),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Failed);
+    assert_eq!(
+        state.calls["c"].result.as_ref().unwrap().text,
+        LOST_CALL_TEXT
+    );
+    assert_eq!(status(&state, "s"), CallStatus::Completed);
+    assert!(state.meta.active_subscriptions.is_empty());
+}
+
+#[test]
+fn the_fold_of_the_log_rebuilds_the_state() {
+    let mut live = ThreadState::new(G);
+    let mut log = vec![];
+    for command in [
+        Command::Submit(new_call("c", json!({"x": 1}))),
+        Command::DispatchAcked {
+            id: "c".into(),
+            attempts: 2,
+        },
+        result("c", "sub", true),
+        sub_event("c", "1", false),
+        Command::CancelSubscription { id: "c".into() },
+        Command::Close,
+    ] {
+        let decision = decide(&live, &command).unwrap();
+        log.extend(apply(&mut live, "t", decision.changes));
+    }
+    let mut replayed = ThreadState::new(G);
+    for event in &log {
+        evolve(&mut replayed, event);
+    }
+    assert_eq!(replayed, live);
+    assert!(matches!(log[0].kind, EventKind::CallAccepted { .. }));
+    assert_eq!(
+        log.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5, 6]
+    );
+}
