@@ -1,2 +1,5 @@
-//! Library side of the ferry binary: the demo tool (and later the benchmark).
+//! Library side of the ferry binary: `serve` assembly, the demo tool, and
+//! the benchmark.
+
 pub mod demo_tool;
+pub mod serve;

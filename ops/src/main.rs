@@ -1,1 +1,142 @@
-fn main() {}
+//! The `ferry` command: `serve` (everything in one process on the embedded
+//! default) and `demo-tool` (the RAP demo toolset on its own).
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ferry_ops::demo_tool::DemoTool;
+use ferry_ops::serve::{start, ServeOptions};
+use ferry_worker::DispatchConfig;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "ferry",
+    version,
+    about = "A durable, queue-backed tool runtime for agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run Ferry in one process: sled plus an in-process bus, no NATS.
+    Serve(Serve),
+    /// Serve the RAP demo toolset (`demo`) on its own.
+    DemoTool {
+        #[arg(long, default_value = "127.0.0.1:8090", env = "FERRY_DEMO_LISTEN")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Args)]
+struct Serve {
+    /// Address of the HTTP API (agents and tool callbacks).
+    #[arg(long, default_value = "127.0.0.1:8080", env = "FERRY_LISTEN")]
+    listen: SocketAddr,
+    /// Directory of the durable store and the callback secret.
+    #[arg(long, default_value = "./ferry-data", env = "FERRY_DATA")]
+    data: PathBuf,
+    /// Base URL tools use to reach this process (default: http://LISTEN).
+    #[arg(long, env = "FERRY_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// A RAP tool server's base URL to register at start (repeatable).
+    #[arg(
+        long = "tool-server",
+        env = "FERRY_TOOL_SERVERS",
+        value_delimiter = ','
+    )]
+    tool_servers: Vec<String>,
+    /// Start the demo tool beside Ferry and register its toolset.
+    #[arg(long)]
+    demo: bool,
+    /// Secret for callback tokens (default: generated and kept in --data).
+    #[arg(long, env = "FERRY_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
+    max_body_bytes: usize,
+    /// Dispatch attempts per call before it fails.
+    #[arg(long, default_value_t = DispatchConfig::default().max_attempts, env = "FERRY_MAX_ATTEMPTS")]
+    max_attempts: u32,
+    /// First retry delay, in milliseconds (doubles up to --max-backoff-ms).
+    #[arg(long, default_value_t = 200, env = "FERRY_INITIAL_BACKOFF_MS")]
+    initial_backoff_ms: u64,
+    #[arg(long, default_value_t = 10_000, env = "FERRY_MAX_BACKOFF_MS")]
+    max_backoff_ms: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+        Command::DemoTool { listen } => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            println!("demo tool listening on http://{}", listener.local_addr()?);
+            DemoTool::serve(listener).await?;
+            Ok(())
+        }
+    }
+}
+
+async fn serve(args: Serve) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.max_body_bytes >= 1024,
+        "--max-body-bytes must be at least 1024"
+    );
+    anyhow::ensure!(args.max_attempts >= 1, "--max-attempts must be at least 1");
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let options = ServeOptions {
+        listen: args.listen,
+        data: args.data,
+        public_url: args.public_url,
+        tool_servers: args.tool_servers,
+        demo: args.demo,
+        secret: args.secret,
+        max_body_bytes: args.max_body_bytes,
+        dispatch: DispatchConfig {
+            max_attempts: args.max_attempts,
+            initial_backoff: Duration::from_millis(args.initial_backoff_ms),
+            max_backoff: Duration::from_millis(args.max_backoff_ms),
+            ..DispatchConfig::default()
+        },
+        ..ServeOptions::default()
+    };
+    let render = std::sync::Arc::new(move || prometheus.render());
+    let (running, server) = start(options, Some(render), shutdown_signal()).await?;
+    // One line on stdout for scripts and tests: where Ferry listens.
+    println!("ferry listening on http://{}", running.addr);
+    if let Some(demo) = &running.demo_url {
+        println!("demo tool listening on {demo}");
+    }
+    server.await??;
+    Ok(())
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,4 +1,14 @@
 //! Ferry's runtime: the pure thread state machine, the storage and bus ports
-//! with their embedded adapters, and the HTTP fronts.
+//! with their embedded adapters, the engine that joins them, and the HTTP
+//! fronts.
 
+pub mod bus;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod store;
 pub mod thread;
+pub mod token;
+pub mod toolsets;
+
+pub use engine::{Config, Engine};

@@ -1,1 +1,96 @@
+//! Ferry's worker side: it takes dispatch work, POSTs RAP invocations to
+//! tools with bounded exponential backoff, and reports each outcome through
+//! the [`Outcomes`] trait it owns. It also sends the runtime-to-tool-server
+//! notifications (`rap-3`).
+//!
+//! **Invariant:** a worker keeps nothing between messages; every decision
+//! about a call's state is the runtime's (through [`Outcomes`]).
 
+mod dispatch;
+pub mod metrics;
+mod notify;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use ferry_proto::bus::Work;
+use tracing::{info, instrument, warn};
+
+pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure};
+pub use notify::{CallLiveness, Notifier};
+
+/// Where a worker reports what happened to the calls it dispatches. The
+/// runtime implements it by deciding through the thread state machine.
+#[async_trait]
+pub trait Outcomes: Send + Sync + 'static {
+    /// Whether the call still waits to be dispatched (not cancelled, not
+    /// already answered). Asked before every attempt.
+    async fn still_wanted(&self, group_id: &str, id: &str) -> bool;
+    /// The tool acknowledged with 200 after `attempts` attempts.
+    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32);
+    /// Dispatch gave up; `text` starts with `Error: ` and is safe to show.
+    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String);
+}
+
+/// Takes work items and carries them out.
+#[derive(Clone)]
+pub struct Worker {
+    dispatcher: Dispatcher,
+    outcomes: Arc<dyn Outcomes>,
+}
+
+impl Worker {
+    pub fn new(dispatcher: Dispatcher, outcomes: Arc<dyn Outcomes>) -> Self {
+        Self {
+            dispatcher,
+            outcomes,
+        }
+    }
+
+    /// Carries out one work item to its end (acknowledged or given up).
+    pub async fn handle(&self, work: Work) {
+        match work {
+            Work::Dispatch {
+                endpoint,
+                invocation,
+            } => self.dispatch(&endpoint, &invocation).await,
+        }
+    }
+
+    #[instrument(skip_all, fields(group_id = %invocation.group_id, call_id = %invocation.id))]
+    async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) {
+        let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
+        let started = Instant::now();
+        let outcomes = self.outcomes.clone();
+        let wanted = move || {
+            let outcomes = outcomes.clone();
+            let (g, i) = (group_id.to_owned(), id.to_owned());
+            async move { outcomes.still_wanted(&g, &i).await }
+        };
+        let result = self.dispatcher.dispatch(endpoint, invocation, wanted).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        match result {
+            Ok(attempts) => {
+                metrics::record_outcome("acknowledged", elapsed);
+                info!(attempts, "dispatched");
+                self.outcomes.acknowledged(group_id, id, attempts).await;
+            }
+            Err(Failure::NotWanted { attempts }) => {
+                metrics::record_outcome("not_wanted", elapsed);
+                info!(
+                    attempts,
+                    "dispatch stopped: the call no longer waits for it"
+                );
+            }
+            Err(failure) => {
+                metrics::record_outcome(failure.kind(), elapsed);
+                warn!(attempts = failure.attempts(), reason = %failure, "dispatch failed");
+                let text = failure.to_string();
+                self.outcomes
+                    .gave_up(group_id, id, failure.attempts(), text)
+                    .await;
+            }
+        }
+    }
+}

@@ -24,7 +24,6 @@ pub struct Manifest {
 #[serde(rename_all = "camelCase")]
 pub struct ToolDef {
     pub name: String,
-    #[serde(default)]
     pub description: String,
     pub input_schema: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,173 @@
+//! `ferry serve`: the whole of Ferry in one process on the embedded default
+//! (sled plus the in-process bus), assembled from the runtime and worker
+//! crates.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use ferry_runtime::bus::LocalBus;
+use ferry_runtime::http::MetricsRender;
+use ferry_runtime::store::SledStore;
+use ferry_runtime::token::Capabilities;
+use ferry_runtime::{Config, Engine};
+use ferry_worker::{DispatchConfig, Dispatcher, Worker};
+use futures::FutureExt;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// Everything `ferry serve` is told.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    /// How tools reach this process; defaults to `http://{bound address}`.
+    pub public_url: Option<String>,
+    /// Tool server base URLs to register at start.
+    pub tool_servers: Vec<String>,
+    /// Start the demo tool beside Ferry and register it.
+    pub demo: bool,
+    /// Callback-token secret; defaults to one kept in the data dir.
+    pub secret: Option<String>,
+    pub max_body_bytes: usize,
+    pub dispatch: DispatchConfig,
+    /// Dispatches in progress at once, across threads.
+    pub concurrency: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".parse().expect("valid address"),
+            data: PathBuf::from("ferry-data"),
+            public_url: None,
+            tool_servers: vec![],
+            demo: false,
+            secret: None,
+            max_body_bytes: Config::default().max_body_bytes,
+            dispatch: DispatchConfig::default(),
+            concurrency: 256,
+        }
+    }
+}
+
+/// A running Ferry: where it listens, and the future that serves it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub public_url: String,
+    pub demo_url: Option<String>,
+    pub engine: Arc<Engine>,
+}
+
+/// Reads the secret kept in the data dir, creating it on first start.
+fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    if let Some(s) = given {
+        anyhow::ensure!(s.len() >= 16, "the secret must be at least 16 bytes");
+        return Ok(s.as_bytes().to_vec());
+    }
+    let path = data.join("secret");
+    if let Ok(existing) = std::fs::read(&path) {
+        return Ok(existing);
+    }
+    let fresh: [u8; 32] = rand::random();
+    let tmp = data.join("secret.tmp");
+    std::fs::write(&tmp, fresh).context("writing the secret")?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &path).context("installing the secret")?;
+    Ok(fresh.to_vec())
+}
+
+/// Starts Ferry and returns once it accepts requests; it serves until
+/// `shutdown` resolves.
+pub async fn start(
+    options: ServeOptions,
+    metrics: Option<MetricsRender>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(Running, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    std::fs::create_dir_all(&options.data)
+        .with_context(|| format!("creating data dir {}", options.data.display()))?;
+    let secret = secret(&options.data, options.secret.as_deref())?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("binding {}", options.listen))?;
+    let addr = listener.local_addr()?;
+    let public_url = options
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"))
+        .trim_end_matches('/')
+        .to_owned();
+    let store = SledStore::open(&options.data.join("sled"))
+        .with_context(|| format!("opening the store in {}", options.data.display()))?;
+    let bus = LocalBus::new(options.concurrency);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let config = Config {
+        public_url: public_url.clone(),
+        max_body_bytes: options.max_body_bytes,
+        ..Config::default()
+    };
+    let engine = Arc::new(Engine::new(
+        config,
+        Arc::new(store),
+        Arc::new(bus.clone()),
+        Capabilities::new(&secret),
+        client.clone(),
+    ));
+    let worker = Worker::new(
+        Dispatcher::new(client, options.dispatch.clone()),
+        engine.clone(),
+    );
+    bus.set_handler(Arc::new(move |work| {
+        let worker = worker.clone();
+        async move { worker.handle(work).await }.boxed()
+    }));
+    ferry_runtime::metrics::describe();
+    let loaded = engine.load_toolsets().await?;
+    info!(toolsets = loaded, "toolsets loaded");
+
+    let demo_url = if options.demo {
+        let demo = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", demo.local_addr()?);
+        tokio::spawn(crate::demo_tool::DemoTool::serve(demo));
+        Some(url)
+    } else {
+        None
+    };
+    for url in options.tool_servers.iter().chain(demo_url.iter()) {
+        match engine.register_toolset(url, None).await {
+            Ok(t) => {
+                info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered at start")
+            }
+            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
+        }
+    }
+
+    let checks = engine.recover().await?;
+    tokio::spawn(checks);
+
+    let app = ferry_runtime::http::router(engine.clone(), metrics);
+    let served_engine = engine.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")?;
+        info!("HTTP intake stopped; flushing");
+        drop(served_engine);
+        Ok(())
+    });
+    info!(%addr, %public_url, "ferry listening");
+    Ok((
+        Running {
+            addr,
+            public_url,
+            demo_url,
+            engine,
+        },
+        server,
+    ))
+}

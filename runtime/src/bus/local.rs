@@ -1,0 +1,138 @@
+//! The in-process bus: a FIFO per thread, drained by one task per busy
+//! thread, with a global bound on work in progress.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use ferry_proto::bus::Work;
+use futures::future::BoxFuture;
+use tokio::sync::Semaphore;
+
+use super::{Bus, Error};
+
+/// What carries out one work item (the worker).
+pub type Handler = Arc<dyn Fn(Work) -> BoxFuture<'static, ()> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct LocalBus {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Threads with work queued or in progress. A thread is present exactly
+    /// while its drainer task runs, so each thread has at most one.
+    queues: Mutex<HashMap<String, VecDeque<Work>>>,
+    handler: OnceLock<Handler>,
+    in_progress: Semaphore,
+}
+
+impl LocalBus {
+    /// `concurrency` bounds how many threads' items are handled at once.
+    pub fn new(concurrency: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                queues: Mutex::new(HashMap::new()),
+                handler: OnceLock::new(),
+                in_progress: Semaphore::new(concurrency.max(1)),
+            }),
+        }
+    }
+
+    /// Sets the handler once; work published before this waits for it.
+    pub fn set_handler(&self, handler: Handler) {
+        if self.inner.handler.set(handler).is_err() {
+            panic!("LocalBus handler set twice");
+        }
+    }
+}
+
+impl Inner {
+    async fn drain(self: Arc<Self>, group_id: String, mut work: Work) {
+        loop {
+            if let Some(handler) = self.handler.get() {
+                let permit = self.in_progress.acquire().await.expect("never closed");
+                handler(work).await;
+                drop(permit);
+            }
+            let mut queues = self.queues.lock().expect("bus lock");
+            let queue = queues.get_mut(&group_id).expect("drainer owns its entry");
+            match queue.pop_front() {
+                Some(next) => work = next,
+                None => {
+                    queues.remove(&group_id);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Bus for LocalBus {
+    async fn publish(&self, work: Work) -> Result<(), Error> {
+        let group_id = work.group_id().to_owned();
+        let mut queues = self.inner.queues.lock().expect("bus lock");
+        if let Some(queue) = queues.get_mut(&group_id) {
+            queue.push_back(work);
+            return Ok(());
+        }
+        queues.insert(group_id.clone(), VecDeque::new());
+        tokio::spawn(self.inner.clone().drain(group_id, work));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::Invocation;
+    use futures::FutureExt;
+    use tokio::sync::mpsc;
+
+    fn work(group: &str, id: &str) -> Work {
+        Work::Dispatch {
+            endpoint: String::new(),
+            invocation: Invocation {
+                operation: "op".into(),
+                arguments: serde_json::json!({}),
+                id: id.into(),
+                call_id: None,
+                callback_url: String::new(),
+                group_id: group.into(),
+                thread_ancestors: None,
+                user_id: None,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn one_thread_in_order_while_others_proceed() {
+        let bus = LocalBus::new(8);
+        let (done, mut seen) = mpsc::unbounded_channel();
+        let (release, gate) = tokio::sync::watch::channel(false);
+        bus.set_handler(Arc::new(move |w: Work| {
+            let done = done.clone();
+            let mut gate = gate.clone();
+            async move {
+                let Work::Dispatch { invocation, .. } = w;
+                if invocation.group_id == "slow" {
+                    gate.wait_for(|open| *open).await.unwrap();
+                }
+                done.send(format!("{}/{}", invocation.group_id, invocation.id))
+                    .unwrap();
+            }
+            .boxed()
+        }));
+        for i in 0..3 {
+            bus.publish(work("slow", &i.to_string())).await.unwrap();
+        }
+        bus.publish(work("fast", "0")).await.unwrap();
+        // The blocked thread does not hold up another thread.
+        assert_eq!(seen.recv().await.unwrap(), "fast/0");
+        release.send(true).unwrap();
+        for i in 0..3 {
+            assert_eq!(seen.recv().await.unwrap(), format!("slow/{i}"));
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The bus port: how accepted work reaches workers. Work of one thread is
+//! handled one item at a time, in order; threads proceed in parallel.
+//! `local` is the in-process adapter of `ferry serve`.
+
+mod local;
+
+use async_trait::async_trait;
+use ferry_proto::bus::Work;
+
+pub use local::{Handler, LocalBus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the bus is unavailable: {0}")]
+    Unavailable(String),
+}
+
+#[async_trait]
+pub trait Bus: Send + Sync + 'static {
+    /// Hands `work` to the workers. The work is already durable in the
+    /// store, so a publish lost in a crash is redone by recovery.
+    async fn publish(&self, work: Work) -> Result<(), Error>;
+}

@@ -1,0 +1,97 @@
+//! Tools' callbacks: authenticate the token, parse the message, check it
+//! names what the token was issued for, and apply it through the state
+//! machine (which dedupes and refuses what does not match).
+
+use ferry_proto::api::{CallStatus, EventKind};
+use ferry_proto::rap::Callback;
+use tracing::{info, instrument, warn};
+
+use super::{Engine, Error};
+use crate::metrics;
+use crate::thread::{Command, Outcome};
+
+impl Engine {
+    /// Applies one callback. Returns what it did once that is durable.
+    #[instrument(skip_all, fields(group_id, call_id))]
+    pub async fn callback(&self, token: &str, body: &[u8]) -> Result<Outcome, Error> {
+        let result = self.callback_inner(token, body).await;
+        let (kind, outcome) = match &result {
+            Ok((kind, outcome)) => (*kind, format!("{outcome:?}").to_lowercase()),
+            Err(e) => {
+                warn!(error = %e, "callback refused");
+                ("unknown", "rejected".to_owned())
+            }
+        };
+        ::metrics::counter!(metrics::CALLBACKS, "type" => kind, "outcome" => outcome).increment(1);
+        result.map(|(_, outcome)| outcome)
+    }
+
+    async fn callback_inner(
+        &self,
+        token: &str,
+        body: &[u8],
+    ) -> Result<(&'static str, Outcome), Error> {
+        let (group_id, id) = self.caps.open(token).map_err(|_| Error::Forged)?;
+        let span = tracing::Span::current();
+        span.record("group_id", group_id.as_str());
+        span.record("call_id", id.as_str());
+        let callback = Callback::from_slice(body).map_err(|e| Error::BadCallback(e.to_string()))?;
+        if callback.group_id() != group_id {
+            return Err(Error::Mismatch(format!(
+                "group_id {:?}",
+                callback.group_id()
+            )));
+        }
+        if let Some(named) = callback.call_id() {
+            if named != id {
+                return Err(Error::Mismatch(format!("call {named:?}")));
+            }
+        } else if self.store.call(&group_id, &id).await?.is_none() {
+            // A view_update names no call; its token still must name one.
+            return Err(Error::Rejected(crate::thread::Rejection::UnknownCall(id)));
+        }
+        let kind = callback.kind();
+        let executed = self.execute(&group_id, Command::Callback(callback)).await?;
+        let outcome = executed.decision.outcome;
+        for event in &executed.events {
+            match &event.kind {
+                EventKind::ToolResult {
+                    subscription: true, ..
+                } if executed.state.calls[&id].status == CallStatus::Subscribed => {
+                    ::metrics::gauge!(metrics::ACTIVE_SUBSCRIPTIONS).increment(1);
+                    info!(group_id, call_id = %id, "subscription opened");
+                }
+                EventKind::ToolResult { is_error, .. } => {
+                    let status = executed.state.calls[&id].status;
+                    ::metrics::counter!(metrics::OUTCOMES, "status" => status_name(status))
+                        .increment(1);
+                    info!(group_id, call_id = %id, ?status, is_error, "call finished");
+                }
+                EventKind::SubscriptionEvent { is_final: true, .. }
+                    if executed.state.calls[&id].status == CallStatus::Completed =>
+                {
+                    ::metrics::gauge!(metrics::ACTIVE_SUBSCRIPTIONS).decrement(1);
+                    info!(group_id, call_id = %id, "subscription ended");
+                }
+                _ => {}
+            }
+        }
+        if outcome != Outcome::Applied {
+            info!(group_id, call_id = %id, kind, ?outcome, "callback had no effect");
+        }
+        Ok((kind, outcome))
+    }
+}
+
+pub(crate) fn status_name(status: CallStatus) -> &'static str {
+    match status {
+        CallStatus::Queued => "queued",
+        CallStatus::Dispatched => "dispatched",
+        CallStatus::AwaitingAuth => "awaiting_auth",
+        CallStatus::AwaitingUser => "awaiting_user",
+        CallStatus::Subscribed => "subscribed",
+        CallStatus::Completed => "completed",
+        CallStatus::Failed => "failed",
+        CallStatus::Cancelled => "cancelled",
+    }
+}

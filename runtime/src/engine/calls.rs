@@ -1,0 +1,195 @@
+//! Agents' calls: submit (with idempotent resubmission), cancel, the
+//! built-in `cancel_subscription`, and closing a thread.
+
+use ferry_proto::api::{CallStatus, EventKind, SubmitCall, SubmitReply};
+use ferry_proto::bus::Work;
+use ferry_proto::Invocation;
+use tracing::{info, instrument};
+
+use super::{Engine, Error, Executed};
+use crate::metrics;
+use crate::thread::{CallRecord, Command, NewCall, Outcome};
+use crate::toolsets::{self, ResolveError, CANCEL_SUBSCRIPTION};
+
+/// Whether a submission created the call or found it already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    Created,
+    Existing,
+}
+
+impl Engine {
+    /// Validates, records and enqueues a call. Answers once it is durable.
+    #[instrument(skip_all, fields(group_id = %req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
+    pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+        let result = self.submit_inner(req).await;
+        if let Err(e) = &result {
+            let code = crate::http::error_code(e);
+            ::metrics::counter!(metrics::CALLS_REJECTED, "code" => code).increment(1);
+        }
+        result
+    }
+
+    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+        self.check_id("group_id", &req.group_id)?;
+        if let Some(id) = &req.id {
+            self.check_id("id", id)?;
+        }
+        for ancestor in req.thread_ancestors.iter().flatten() {
+            self.check_id("thread_ancestors entry", ancestor)?;
+        }
+        if req.operation.is_empty() {
+            return Err(Error::InvalidRequest("operation must not be empty".into()));
+        }
+        let id = req
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()));
+        let group_id = req.group_id.clone();
+        let (command, target) = if req.operation == CANCEL_SUBSCRIPTION {
+            let schema = toolsets::cancel_subscription_schema();
+            let validator = jsonschema::validator_for(&schema).expect("built-in schema compiles");
+            toolsets::check_arguments(&validator, &req.arguments)
+                .map_err(Error::InvalidArguments)?;
+            let target = req.arguments["tool_call_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let call = new_call(req, id.clone(), CANCEL_SUBSCRIPTION.into(), None);
+            (
+                Command::CancelSubscriptionTool {
+                    call,
+                    target: target.clone(),
+                },
+                Some(target),
+            )
+        } else {
+            let resolved = self.registry.resolve(&req.operation).map_err(|e| match e {
+                ResolveError::Ambiguous { .. } => Error::AmbiguousTool(e.to_string()),
+                _ => Error::UnknownTool(e.to_string()),
+            })?;
+            toolsets::check_arguments(&resolved.validator, &req.arguments)
+                .map_err(Error::InvalidArguments)?;
+            let call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
+            (Command::Submit(call), None)
+        };
+        let Executed {
+            decision, state, ..
+        } = self.execute(&group_id, command).await?;
+        let call = &state.calls[&id];
+        if decision.outcome != Outcome::Applied {
+            return Ok((Submitted::Existing, reply(&group_id, call)));
+        }
+        ::metrics::counter!(metrics::CALLS_ACCEPTED).increment(1);
+        info!(
+            operation = %call.operation, tool = %call.tool, user_id = call.user_id.as_deref().unwrap_or(""),
+            at = %call.created_at, "call accepted"
+        );
+        if let Some(cancelled) = target {
+            let did_cancel = decision
+                .changes
+                .iter()
+                .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled));
+            if did_cancel {
+                self.subscription_closed(&group_id, &cancelled);
+            }
+        } else {
+            self.enqueue(&group_id, call).await?;
+        }
+        Ok((Submitted::Created, reply(&group_id, call)))
+    }
+
+    /// Hands a queued call to the workers.
+    pub(crate) async fn enqueue(&self, group_id: &str, call: &CallRecord) -> Result<(), Error> {
+        let Some(target) = &call.target else {
+            return Ok(());
+        };
+        let token = self.caps.mint(group_id, &call.id);
+        let invocation = Invocation {
+            operation: target.tool_name.clone(),
+            arguments: call.arguments.clone(),
+            id: call.id.clone(),
+            call_id: call.call_id.clone(),
+            callback_url: format!("{}/v1/callbacks/{token}", self.config.public_url),
+            group_id: group_id.to_owned(),
+            thread_ancestors: call.thread_ancestors.clone(),
+            user_id: call.user_id.clone(),
+        };
+        self.bus
+            .publish(Work::Dispatch {
+                endpoint: target.endpoint.clone(),
+                invocation,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Cancels a pending call, or the subscription it opened.
+    #[instrument(skip(self))]
+    pub async fn cancel_call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+        let executed = self
+            .execute(group_id, Command::Cancel { id: id.into() })
+            .await?;
+        let call = executed.state.calls[id].clone();
+        if call.status == CallStatus::Cancelled {
+            self.subscription_closed(group_id, id);
+        }
+        Ok(call)
+    }
+
+    /// Cancels an active subscription of this thread.
+    #[instrument(skip(self))]
+    pub async fn cancel_subscription(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+        let executed = self
+            .execute(group_id, Command::CancelSubscription { id: id.into() })
+            .await?;
+        self.subscription_closed(group_id, id);
+        Ok(executed.state.calls[id].clone())
+    }
+
+    /// Tells every tool server, best effort and without waiting.
+    fn subscription_closed(&self, group_id: &str, id: &str) {
+        info!(group_id, call_id = id, "call cancelled");
+        ::metrics::counter!(metrics::OUTCOMES, "status" => "cancelled").increment(1);
+        tokio::spawn(self.notifier.cancel_tool_call(self.servers(), group_id, id));
+    }
+
+    /// Closes a thread: later calls are refused; tool servers are told.
+    #[instrument(skip(self))]
+    pub async fn close_thread(&self, group_id: &str) -> Result<u64, Error> {
+        self.check_id("group_id", group_id)?;
+        let executed = self.execute(group_id, Command::Close).await?;
+        if executed.decision.outcome == Outcome::Applied {
+            tokio::spawn(self.notifier.close_thread(self.servers(), group_id));
+        }
+        Ok(executed.state.meta.last_seq)
+    }
+}
+
+fn new_call(
+    req: SubmitCall,
+    id: String,
+    tool: String,
+    target: Option<ferry_proto::api::ToolTarget>,
+) -> NewCall {
+    NewCall {
+        id,
+        call_id: req.call_id,
+        operation: req.operation,
+        arguments: req.arguments,
+        user_id: req.user_id,
+        thread_ancestors: req.thread_ancestors,
+        tool,
+        target,
+    }
+}
+
+fn reply(group_id: &str, call: &CallRecord) -> SubmitReply {
+    SubmitReply {
+        group_id: group_id.to_owned(),
+        id: call.id.clone(),
+        status: call.status,
+        seq: call.accepted_seq,
+        result: call.result.clone().filter(|_| call.target.is_none()),
+    }
+}

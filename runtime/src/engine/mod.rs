@@ -1,0 +1,213 @@
+//! The engine: the one place that runs commands against threads. It loads
+//! state from the store, decides with the pure state machine, writes the
+//! events atomically, waits for group commit, and only then lets anyone see
+//! or hear of them. The HTTP fronts and the worker call into it.
+//!
+//! **Invariant:** nothing is answered before it is durable (invariant 1):
+//! `execute` returns only after the store's flush.
+
+mod callbacks;
+pub mod calls;
+mod outcomes;
+mod reads;
+mod recovery;
+mod toolsets;
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use ferry_proto::api::Event;
+use ferry_worker::Notifier;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::bus::{self, Bus};
+use crate::store::{self, Store, Write};
+use crate::thread::{self, Command, Decision, Rejection, ThreadState};
+use crate::token::Capabilities;
+use crate::toolsets::{ArgumentErrors, Registry};
+
+pub use toolsets::RegisteredToolset;
+
+/// Limits and addresses of the runtime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// How tools reach this node: callback URLs start with it.
+    pub public_url: String,
+    /// Longest `group_id` or call `id`, in bytes (400 beyond).
+    pub max_id_bytes: usize,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Longest long-poll `wait`, in seconds.
+    pub max_wait_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            public_url: "http://127.0.0.1:8080".into(),
+            max_id_bytes: 512,
+            max_body_bytes: 1 << 20,
+            max_wait_secs: 60,
+        }
+    }
+}
+
+/// Why the engine refused or failed a request. The HTTP front maps each
+/// variant to a status and an error code in one place (`http::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    UnknownTool(String),
+    #[error("{0}")]
+    AmbiguousTool(String),
+    #[error("arguments do not match the tool's inputSchema")]
+    InvalidArguments(ArgumentErrors),
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error("forged or malformed callback token")]
+    Forged,
+    #[error("the callback names {0}, which its token was not issued for")]
+    Mismatch(String),
+    #[error("{0}")]
+    BadCallback(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    ToolsetUnreachable(String),
+    #[error("{0}")]
+    InvalidToolset(String),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error(transparent)]
+    Bus(#[from] bus::Error),
+}
+
+/// Shards of the per-thread lock: commands of one thread run one at a time
+/// (RAP: "within one group_id, the runtime processes messages one at a
+/// time"); a fixed table bounds memory whatever the number of threads.
+const LOCK_SHARDS: usize = 1024;
+
+/// Attempts at a write that lost a compare-and-set race before giving up.
+const MAX_CONFLICT_RETRIES: usize = 16;
+
+pub struct Engine {
+    pub(crate) config: Config,
+    pub(crate) store: Arc<dyn Store>,
+    bus: Arc<dyn Bus>,
+    pub(crate) registry: Registry,
+    caps: Capabilities,
+    notifier: Notifier,
+    client: reqwest::Client,
+    locks: Vec<Mutex<()>>,
+}
+
+/// What executing a command did: the decision, the events it recorded, and
+/// the state after them.
+pub struct Executed {
+    pub decision: Decision,
+    pub events: Vec<Event>,
+    pub state: ThreadState,
+}
+
+impl Engine {
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        bus: Arc<dyn Bus>,
+        caps: Capabilities,
+        client: reqwest::Client,
+    ) -> Self {
+        Self {
+            config,
+            store,
+            bus,
+            registry: Registry::default(),
+            caps,
+            notifier: Notifier::new(client.clone()),
+            client,
+            locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    fn lock_for(&self, group_id: &str) -> &Mutex<()> {
+        let mut h = DefaultHasher::new();
+        group_id.hash(&mut h);
+        &self.locks[(h.finish() as usize) % LOCK_SHARDS]
+    }
+
+    /// Runs `command` against thread `group_id` and returns once its events
+    /// are durable and visible to readers.
+    pub async fn execute(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
+        let at = now();
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let guard = self.lock_for(group_id).lock().await;
+            let mut state = self.store.load(group_id, &command.call_ids()).await?;
+            let decision = thread::decide(&state, &command)?;
+            let expected_last_seq = state.meta.last_seq;
+            let events = thread::apply(&mut state, &at, decision.changes.clone());
+            if events.is_empty() {
+                return Ok(Executed {
+                    decision,
+                    events,
+                    state,
+                });
+            }
+            let written = self
+                .store
+                .write(Write {
+                    expected_last_seq,
+                    state: &state,
+                    events: &events,
+                })
+                .await;
+            drop(guard);
+            match written {
+                Err(store::Error::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(()) => {}
+            }
+            let flushed = self.store.flush().await;
+            self.store.publish(group_id, state.meta.last_seq);
+            flushed?;
+            return Ok(Executed {
+                decision,
+                events,
+                state,
+            });
+        }
+        Err(store::Error::Conflict(group_id.to_owned()).into())
+    }
+
+    /// Checks a `group_id` or call `id` against the documented limits.
+    pub(crate) fn check_id(&self, what: &str, value: &str) -> Result<(), Error> {
+        if value.is_empty() {
+            return Err(Error::InvalidRequest(format!("{what} must not be empty")));
+        }
+        if value.len() > self.config.max_id_bytes {
+            return Err(Error::InvalidRequest(format!(
+                "{what} is {} bytes long; the limit is {}",
+                value.len(),
+                self.config.max_id_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Every tool server's base URL, for best-effort notifications.
+    fn servers(&self) -> Vec<String> {
+        self.registry.servers()
+    }
+}
+
+/// The current time, RFC 3339 UTC with milliseconds.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}

@@ -1,0 +1,49 @@
+//! The engine as the worker's [`Outcomes`]: dispatch results go through the
+//! state machine like everything else.
+
+use async_trait::async_trait;
+use ferry_proto::api::CallStatus;
+use ferry_worker::Outcomes;
+use tracing::warn;
+
+use super::Engine;
+use crate::thread::Command;
+
+#[async_trait]
+impl Outcomes for Engine {
+    async fn still_wanted(&self, group_id: &str, id: &str) -> bool {
+        match self.store.call(group_id, id).await {
+            Ok(Some(call)) => call.status == CallStatus::Queued,
+            Ok(None) => false,
+            // When in doubt, dispatch: the tool may see a call twice, the
+            // agent never sees two results (invariant 4).
+            Err(_) => true,
+        }
+    }
+
+    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) {
+        let command = Command::DispatchAcked {
+            id: id.into(),
+            attempts,
+        };
+        if let Err(e) = self.execute(group_id, command).await {
+            warn!(group_id, call_id = id, error = %e, "could not record dispatch");
+        }
+    }
+
+    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) {
+        let command = Command::DispatchFailed {
+            id: id.into(),
+            attempts,
+            text,
+        };
+        match self.execute(group_id, command).await {
+            Ok(_) => {
+                ::metrics::counter!(crate::metrics::OUTCOMES, "status" => "failed").increment(1)
+            }
+            Err(e) => {
+                warn!(group_id, call_id = id, error = %e, "could not record dispatch failure")
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Reads: a call, a thread's metadata, and its events (with long-poll).
+
+use std::time::Duration;
+
+use ferry_proto::api::Event;
+
+use super::{Engine, Error};
+use crate::thread::{CallRecord, ThreadMeta};
+
+impl Engine {
+    pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+        self.store
+            .call(group_id, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no call {id:?} in thread {group_id:?}")))
+    }
+
+    pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
+        self.store
+            .thread(group_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no thread {group_id:?}")))
+    }
+
+    /// Events after `after`, at most `limit`; when there are none yet, waits
+    /// up to `wait` for the next one.
+    pub async fn events(
+        &self,
+        group_id: &str,
+        after: u64,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<Vec<Event>, Error> {
+        // Watch before reading, so an event landing in between wakes us.
+        let mut tip = self.store.watch(group_id);
+        let events = self.store.events(group_id, after, limit).await?;
+        if !events.is_empty() || wait.is_zero() {
+            return Ok(events);
+        }
+        let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
+        if tokio::time::timeout(wait, tip.wait_for(|seq| *seq > after))
+            .await
+            .is_err()
+        {
+            return Ok(vec![]);
+        }
+        Ok(self.store.events(group_id, after, limit).await?)
+    }
+
+    /// A receiver of the thread's last durable sequence number, for streams.
+    pub fn watch(&self, group_id: &str) -> tokio::sync::watch::Receiver<u64> {
+        self.store.watch(group_id)
+    }
+}

@@ -1,0 +1,110 @@
+//! Start-up recovery (invariant 7 and `rap-3` "tool_call_status"): calls
+//! still queued are enqueued again; for calls a tool server was already
+//! given, that server is asked whether it still processes them.
+
+use std::sync::Arc;
+
+use ferry_proto::api::CallStatus;
+use ferry_worker::CallLiveness;
+use futures::StreamExt;
+use tracing::{info, warn};
+
+use super::{Engine, Error};
+use crate::thread::Command;
+
+/// How many `/tool_call_status` questions are in flight at once.
+const STATUS_CONCURRENCY: usize = 16;
+
+/// What recovery found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovered {
+    pub requeued: usize,
+    pub checked: usize,
+    pub pruned: usize,
+}
+
+impl Engine {
+    /// Re-enqueues queued calls now, then asks tool servers about the rest.
+    /// Runs before HTTP intake starts; the status questions finish in the
+    /// returned background future so start-up does not wait on tools.
+    pub async fn recover(
+        self: &Arc<Self>,
+    ) -> Result<impl std::future::Future<Output = Recovered> + Send + 'static, Error> {
+        let mut requeued = 0;
+        let mut waiting = vec![];
+        let mut subscribed = 0i64;
+        for (group_id, id) in self.store.open_calls().await? {
+            let Some(call) = self.store.call(&group_id, &id).await? else {
+                continue;
+            };
+            match call.status {
+                CallStatus::Queued => {
+                    self.enqueue(&group_id, &call).await?;
+                    requeued += 1;
+                }
+                status if status.is_open() => {
+                    if status == CallStatus::Subscribed {
+                        subscribed += 1;
+                    }
+                    if let Some(target) = call.target {
+                        waiting.push((group_id, id, target.base_url));
+                    }
+                }
+                _ => {}
+            }
+        }
+        ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).set(subscribed as f64);
+        info!(
+            requeued,
+            waiting = waiting.len(),
+            "recovery: queued calls re-enqueued"
+        );
+        let engine = self.clone();
+        Ok(async move {
+            let checked = waiting.len();
+            let pruned = futures::stream::iter(waiting)
+                .map(|(group_id, id, server)| {
+                    let engine = engine.clone();
+                    async move { engine.check_liveness(&group_id, &id, &server).await }
+                })
+                .buffer_unordered(STATUS_CONCURRENCY)
+                .filter(|pruned| std::future::ready(*pruned))
+                .count()
+                .await;
+            info!(
+                checked,
+                pruned, "recovery: tool servers asked about waiting calls"
+            );
+            Recovered {
+                requeued,
+                checked,
+                pruned,
+            }
+        })
+    }
+
+    /// Asks `server` about one call and prunes it if the server lost it.
+    /// Returns whether it was pruned.
+    async fn check_liveness(&self, group_id: &str, id: &str, server: &str) -> bool {
+        match self.notifier.tool_call_status(server, group_id, id).await {
+            CallLiveness::Alive | CallLiveness::Unknown => false,
+            CallLiveness::Lost => {
+                warn!(
+                    group_id,
+                    call_id = id,
+                    "tool server lost the call; recording the loss"
+                );
+                match self
+                    .execute(group_id, Command::Lost { id: id.into() })
+                    .await
+                {
+                    Ok(executed) => !executed.events.is_empty(),
+                    Err(e) => {
+                        warn!(group_id, call_id = id, error = %e, "could not record a lost call");
+                        false
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Registering, refreshing, listing and removing toolsets. Registration is
+//! durable before it is answered, and all-or-nothing.
+
+use semver::Version;
+use serde::Serialize;
+use serde_json::Value;
+use tracing::info;
+
+use super::{now, Engine, Error};
+use crate::toolsets::{self, fetch_manifest, DiscoveryError, LoadedToolset, StoredToolset};
+
+/// A registered toolset as the API shows it: what it holds, and which of
+/// its tools can be called by bare name.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegisteredToolset {
+    pub name: String,
+    pub version: Version,
+    pub url: String,
+    pub endpoint: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub registered_at: String,
+    pub tools: Vec<ToolView>,
+    /// Tools callable by bare name.
+    pub available: Vec<String>,
+    /// Tools whose bare name clashes with another toolset's, and why; they
+    /// stay callable by qualified name.
+    pub unavailable: Vec<Unavailable>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolView {
+    pub name: String,
+    /// `Toolset.tool@version`: always callable.
+    pub qualified: String,
+    pub description: String,
+    #[serde(rename = "inputSchema")]
+    pub input_schema: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<ferry_proto::rap::Annotations>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Unavailable {
+    pub tool: String,
+    pub reason: String,
+}
+
+impl Engine {
+    /// Loads the registry from the store at start-up. A stored toolset that
+    /// no longer validates is skipped with a warning rather than stopping
+    /// start-up.
+    pub async fn load_toolsets(&self) -> Result<usize, Error> {
+        let stored = self.store.toolsets().await?;
+        let count = stored.len();
+        for toolset in stored {
+            match toolsets::validate(toolset) {
+                Ok(loaded) => self.registry.insert(loaded),
+                Err(problems) => tracing::warn!(?problems, "stored toolset no longer valid"),
+            }
+        }
+        Ok(count)
+    }
+
+    /// Fetches `{url}/.well-known/rap-toolset`, validates it, and registers
+    /// it under `version` (default 1.0.0), replacing that version if present.
+    pub async fn register_toolset(
+        &self,
+        url: &str,
+        version: Option<&str>,
+    ) -> Result<RegisteredToolset, Error> {
+        let version = match version {
+            Some(v) => Version::parse(v)
+                .map_err(|e| Error::InvalidRequest(format!("version {v:?} is not semver: {e}")))?,
+            None => Version::new(1, 0, 0),
+        };
+        let (url, manifest) = fetch_manifest(&self.client, url)
+            .await
+            .map_err(|e| match e {
+                DiscoveryError::BadUrl(_) => Error::InvalidRequest(e.to_string()),
+                DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
+                DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
+            })?;
+        let stored = StoredToolset {
+            name: manifest.name.clone(),
+            version,
+            url,
+            manifest,
+            registered_at: now(),
+        };
+        self.install(stored).await
+    }
+
+    /// Fetches a registered toolset again from where it came.
+    pub async fn refresh_toolset(
+        &self,
+        name: &str,
+        version: Option<&Version>,
+    ) -> Result<RegisteredToolset, Error> {
+        let current = self
+            .registry
+            .get(name, version)
+            .ok_or_else(|| Error::NotFound(format!("no toolset {name:?}")))?;
+        let (url, manifest) = fetch_manifest(&self.client, &current.stored.url)
+            .await
+            .map_err(|e| match e {
+                DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
+                _ => Error::ToolsetUnreachable(e.to_string()),
+            })?;
+        if manifest.name != name {
+            return Err(Error::InvalidToolset(format!(
+                "the server now publishes toolset {:?}, not {name:?}",
+                manifest.name
+            )));
+        }
+        let stored = StoredToolset {
+            name: name.to_owned(),
+            version: current.stored.version.clone(),
+            url,
+            manifest,
+            registered_at: now(),
+        };
+        self.install(stored).await
+    }
+
+    async fn install(&self, stored: StoredToolset) -> Result<RegisteredToolset, Error> {
+        let loaded = toolsets::validate(stored)
+            .map_err(|problems| Error::InvalidToolset(problems.join("; ")))?;
+        self.store.put_toolset(&loaded.stored).await?;
+        self.store.flush().await?;
+        let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
+        self.registry.insert(loaded);
+        info!(toolset = %name, %version, "toolset registered");
+        let registered = self
+            .registry
+            .get(&name, Some(&version))
+            .expect("just inserted");
+        Ok(self.view(&registered))
+    }
+
+    /// Removes one version, or every version, of a toolset.
+    pub async fn delete_toolset(
+        &self,
+        name: &str,
+        version: Option<&Version>,
+    ) -> Result<usize, Error> {
+        let removed = self.registry.remove(name, version);
+        if removed.is_empty() {
+            return Err(Error::NotFound(format!("no toolset {name:?}")));
+        }
+        for toolset in &removed {
+            self.store
+                .delete_toolset(&toolset.name, &toolset.version)
+                .await?;
+        }
+        self.store.flush().await?;
+        info!(toolset = name, versions = removed.len(), "toolset removed");
+        Ok(removed.len())
+    }
+
+    pub fn toolsets(&self) -> Vec<RegisteredToolset> {
+        self.registry.list().iter().map(|t| self.view(t)).collect()
+    }
+
+    /// Every version of one toolset.
+    pub fn toolset(&self, name: &str) -> Result<Vec<RegisteredToolset>, Error> {
+        let found: Vec<_> = self
+            .registry
+            .list()
+            .iter()
+            .filter(|t| t.stored.name == name)
+            .map(|t| self.view(t))
+            .collect();
+        if found.is_empty() {
+            return Err(Error::NotFound(format!("no toolset {name:?}")));
+        }
+        Ok(found)
+    }
+
+    fn view(&self, loaded: &LoadedToolset) -> RegisteredToolset {
+        let s = &loaded.stored;
+        let latest = self
+            .registry
+            .get(&s.name, None)
+            .is_some_and(|l| l.stored.version == s.version);
+        let mut available = vec![];
+        let mut unavailable = vec![];
+        for tool in &s.manifest.tools {
+            let defining = self.registry.defining(&tool.name);
+            if tool.name == toolsets::CANCEL_SUBSCRIPTION {
+                unavailable.push(Unavailable {
+                    tool: tool.name.clone(),
+                    reason: "the bare name is Ferry's built-in tool".into(),
+                });
+            } else if !latest {
+                unavailable.push(Unavailable {
+                    tool: tool.name.clone(),
+                    reason: format!("bare names resolve to the latest version of {:?}", s.name),
+                });
+            } else if defining.len() > 1 {
+                unavailable.push(Unavailable {
+                    tool: tool.name.clone(),
+                    reason: format!(
+                        "bare name clashes across toolsets {defining:?}; call it as {}.{}",
+                        s.name, tool.name
+                    ),
+                });
+            } else {
+                available.push(tool.name.clone());
+            }
+        }
+        RegisteredToolset {
+            name: s.name.clone(),
+            version: s.version.clone(),
+            url: s.url.clone(),
+            endpoint: s.manifest.endpoint.clone(),
+            description: s.manifest.description.clone(),
+            registered_at: s.registered_at.clone(),
+            tools: s
+                .manifest
+                .tools
+                .iter()
+                .map(|t| ToolView {
+                    name: t.name.clone(),
+                    qualified: format!("{}.{}@{}", s.name, t.name, s.version),
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.clone(),
+                    annotations: t.annotations.clone(),
+                })
+                .collect(),
+            available,
+            unavailable,
+        }
+    }
+}

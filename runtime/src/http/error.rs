@@ -1,0 +1,78 @@
+//! The one place engine errors become HTTP statuses and error codes.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ferry_proto::api::ErrorBody;
+
+use crate::engine::Error;
+use crate::store;
+use crate::thread::Rejection;
+
+/// An error answer: `{"error": {"code", "message", "parameter_errors"?}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: ErrorBody::new(code, message),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+/// The status and code of an engine error.
+fn classify(e: &Error) -> (StatusCode, &'static str) {
+    use StatusCode as S;
+    match e {
+        Error::InvalidRequest(_) => (S::BAD_REQUEST, "invalid_request"),
+        Error::UnknownTool(_) => (S::BAD_REQUEST, "unknown_tool"),
+        Error::AmbiguousTool(_) => (S::BAD_REQUEST, "ambiguous_tool"),
+        Error::InvalidArguments(_) => (S::UNPROCESSABLE_ENTITY, "invalid_arguments"),
+        Error::Rejected(r) => match r {
+            Rejection::UnknownCall(_) => (S::NOT_FOUND, "unknown_call"),
+            Rejection::Conflict(_) => (S::CONFLICT, "conflict"),
+            Rejection::ThreadClosed => (S::CONFLICT, "thread_closed"),
+            Rejection::SubscriptionGone(_) => (S::GONE, "subscription_gone"),
+            Rejection::Finished { .. } => (S::CONFLICT, "call_finished"),
+            Rejection::NotSubscribed(_) => (S::NOT_FOUND, "not_subscribed"),
+        },
+        Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
+        Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),
+        Error::NotFound(_) => (S::NOT_FOUND, "not_found"),
+        Error::ToolsetUnreachable(_) => (S::BAD_GATEWAY, "toolset_unreachable"),
+        Error::InvalidToolset(_) => (S::UNPROCESSABLE_ENTITY, "invalid_toolset"),
+        Error::Store(store::Error::Conflict(_)) => (S::SERVICE_UNAVAILABLE, "busy"),
+        Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
+        Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
+    }
+}
+
+/// The error code of an engine error, for metrics labels.
+pub fn error_code(e: &Error) -> &'static str {
+    classify(e).1
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let (status, code) = classify(&e);
+        if status.is_server_error() {
+            tracing::error!(error = %e, "request failed");
+        }
+        let mut api = ApiError::new(status, code, e.to_string());
+        if let Error::InvalidArguments(errors) = e {
+            api.body.error.parameter_errors = Some(errors);
+        }
+        api
+    }
+}

@@ -1,0 +1,63 @@
+//! The native HTTP API (axum). Handlers are thin: parse, call the engine,
+//! shape the answer. Status codes and error codes are chosen in `error`.
+
+mod body;
+mod callbacks;
+mod calls;
+mod error;
+mod ops;
+mod threads;
+mod toolsets;
+mod views;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post};
+use axum::Router;
+
+use crate::engine::Engine;
+
+pub use error::{error_code, ApiError};
+
+/// Renders the Prometheus exposition of the process's metrics.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub metrics: Option<MetricsRender>,
+}
+
+/// The whole native API.
+pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
+    let limit = engine.config().max_body_bytes;
+    Router::new()
+        .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
+        .route(
+            "/v1/toolsets/{name}",
+            get(toolsets::show).delete(toolsets::remove),
+        )
+        .route("/v1/toolsets/{name}/refresh", post(toolsets::refresh))
+        .route("/v1/tools", get(toolsets::tools))
+        .route("/v1/calls", post(calls::submit))
+        .route("/v1/threads/{group_id}", get(threads::show))
+        .route(
+            "/v1/threads/{group_id}/calls/{id}",
+            get(calls::show).delete(calls::cancel),
+        )
+        .route("/v1/threads/{group_id}/events", get(threads::events))
+        .route("/v1/threads/{group_id}/stream", get(threads::stream))
+        .route(
+            "/v1/threads/{group_id}/subscriptions/{id}",
+            delete(threads::cancel_subscription),
+        )
+        .route("/v1/threads/{group_id}/close", post(threads::close))
+        .route("/v1/callbacks/{token}", post(callbacks::receive))
+        .route("/healthz", get(ops::healthz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(AppState { engine, metrics })
+}

@@ -1,0 +1,150 @@
+//! A thread's metadata, its events (long-poll and SSE), cancelling its
+//! subscriptions, and closing it.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::Json;
+use ferry_proto::api::Event;
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+
+use super::views::{CallView, ThreadView};
+use super::{ApiError, AppState};
+
+/// Events per page when `limit` is not given, and the most one page holds.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+pub async fn show(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+) -> Result<Json<ThreadView>, ApiError> {
+    Ok(Json(app.engine.thread(&group_id).await?.into()))
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+fn number<T: std::str::FromStr>(
+    query: &HashMap<String, String>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    query
+        .get(name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| invalid(format!("{name}={v:?} is not a valid number")))
+        })
+        .transpose()
+}
+
+/// `GET /v1/threads/{group_id}/events?after=N&wait=S&limit=L`.
+pub async fn events(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let after = number::<u64>(&query, "after")?.unwrap_or(0);
+    let limit = number::<usize>(&query, "limit")?
+        .unwrap_or(DEFAULT_LIMIT)
+        .clamp(1, MAX_LIMIT);
+    let wait = number::<f64>(&query, "wait")?.unwrap_or(0.0);
+    if !wait.is_finite() || wait < 0.0 {
+        return Err(invalid(
+            "wait must be a non-negative number of seconds".into(),
+        ));
+    }
+    let events = app
+        .engine
+        .events(
+            &group_id,
+            after,
+            limit,
+            Duration::from_secs_f64(wait.min(3600.0)),
+        )
+        .await?;
+    let next = events.last().map_or(after, |e| e.seq);
+    Ok(Json(json!({"events": events, "next_after": next})))
+}
+
+/// `GET /v1/threads/{group_id}/stream`: Server-Sent Events whose `id:` is
+/// the sequence number; resumes after `Last-Event-ID`, or `?after=`.
+pub async fn stream(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let from_header = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| invalid("Last-Event-ID must be a sequence number".into()))
+        })
+        .transpose()?;
+    let after = match from_header {
+        Some(seq) => seq,
+        None => number::<u64>(&query, "after")?.unwrap_or(0),
+    };
+    let engine = app.engine.clone();
+    let tip = engine.watch(&group_id);
+    let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
+        let engine = engine.clone();
+        let group_id = group_id.clone();
+        async move {
+            loop {
+                match engine
+                    .events(&group_id, cursor, MAX_LIMIT, Duration::ZERO)
+                    .await
+                {
+                    Ok(events) if !events.is_empty() => {
+                        let next = events.last().map_or(cursor, |e| e.seq);
+                        return Some((events, (next, tip)));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "stream read failed");
+                        return None;
+                    }
+                }
+                tip.wait_for(|seq| *seq > cursor).await.ok()?;
+            }
+        }
+    });
+    let events = pages.flat_map(|page| stream::iter(page.into_iter().map(to_sse)));
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+fn to_sse(event: Event) -> Result<SseEvent, Infallible> {
+    let data = serde_json::to_string(&event).expect("events serialize");
+    Ok(SseEvent::default()
+        .id(event.seq.to_string())
+        .event(event.kind.name())
+        .data(data))
+}
+
+pub async fn cancel_subscription(
+    State(app): State<AppState>,
+    Path((group_id, id)): Path<(String, String)>,
+) -> Result<Json<CallView>, ApiError> {
+    let call = app.engine.cancel_subscription(&group_id, &id).await?;
+    Ok(Json(CallView::new(&group_id, call)))
+}
+
+pub async fn close(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let seq = app.engine.close_thread(&group_id).await?;
+    Ok(Json(
+        json!({"group_id": group_id, "closed": true, "last_seq": seq}),
+    ))
+}

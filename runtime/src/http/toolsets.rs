@@ -1,0 +1,112 @@
+//! `/v1/toolsets` and `/v1/tools`.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::body::JsonBody;
+use super::{ApiError, AppState};
+use crate::engine::RegisteredToolset;
+use crate::toolsets::{cancel_subscription_schema, CANCEL_SUBSCRIPTION};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Register {
+    url: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+pub async fn register(
+    State(app): State<AppState>,
+    JsonBody(req): JsonBody<Register>,
+) -> Result<(StatusCode, Json<RegisteredToolset>), ApiError> {
+    let registered = app
+        .engine
+        .register_toolset(&req.url, req.version.as_deref())
+        .await?;
+    Ok((StatusCode::CREATED, Json(registered)))
+}
+
+pub async fn list(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({"toolsets": app.engine.toolsets()}))
+}
+
+pub async fn show(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let versions = app.engine.toolset(&name)?;
+    let latest = versions.last().cloned();
+    Ok(Json(
+        json!({"name": name, "latest": latest, "versions": versions}),
+    ))
+}
+
+fn version(query: &HashMap<String, String>) -> Result<Option<semver::Version>, ApiError> {
+    query
+        .get("version")
+        .map(|v| {
+            semver::Version::parse(v).map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("version {v:?}: {e}"),
+                )
+            })
+        })
+        .transpose()
+}
+
+pub async fn refresh(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<RegisteredToolset>, ApiError> {
+    let version = version(&query)?;
+    Ok(Json(
+        app.engine.refresh_toolset(&name, version.as_ref()).await?,
+    ))
+}
+
+pub async fn remove(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let version = version(&query)?;
+    let removed = app.engine.delete_toolset(&name, version.as_ref()).await?;
+    Ok(Json(json!({"name": name, "removed_versions": removed})))
+}
+
+/// Every callable tool: each toolset's tools by qualified name (with the
+/// bare name where it is unambiguous), and the built-in tools.
+pub async fn tools(State(app): State<AppState>) -> Json<Value> {
+    let mut tools = vec![json!({
+        "name": CANCEL_SUBSCRIPTION,
+        "qualified": CANCEL_SUBSCRIPTION,
+        "builtin": true,
+        "description": "Cancel an active subscription of this thread, named by the call that opened it.",
+        "inputSchema": cancel_subscription_schema(),
+    })];
+    for toolset in app.engine.toolsets() {
+        for tool in toolset.tools {
+            let bare = toolset.available.contains(&tool.name);
+            tools.push(json!({
+                "name": tool.name,
+                "qualified": tool.qualified,
+                "bare_name_callable": bare,
+                "toolset": toolset.name,
+                "version": toolset.version,
+                "description": tool.description,
+                "inputSchema": tool.input_schema,
+                "annotations": tool.annotations,
+            }));
+        }
+    }
+    Json(json!({"tools": tools}))
+}

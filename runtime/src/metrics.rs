@@ -1,0 +1,31 @@
+//! Metric names of the runtime, described once at start-up.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+pub const CALLS_ACCEPTED: &str = "ferry_calls_accepted_total";
+pub const CALLS_REJECTED: &str = "ferry_calls_rejected_total";
+pub const CALLBACKS: &str = "ferry_callbacks_total";
+pub const OUTCOMES: &str = "ferry_call_outcomes_total";
+pub const ACTIVE_SUBSCRIPTIONS: &str = "ferry_active_subscriptions";
+pub const COMMIT_BATCH: &str = "ferry_commit_batch_size";
+
+/// Registers descriptions with whatever recorder is installed.
+pub fn describe() {
+    describe_counter!(CALLS_ACCEPTED, "calls accepted and made durable");
+    describe_counter!(CALLS_REJECTED, "calls refused, by error code");
+    describe_counter!(
+        CALLBACKS,
+        "tool callbacks received, by type and outcome (applied, duplicate, ignored, rejected)"
+    );
+    describe_counter!(OUTCOMES, "calls ended, by status");
+    describe_gauge!(
+        ACTIVE_SUBSCRIPTIONS,
+        "subscriptions opened minus closed since start"
+    );
+    describe_histogram!(
+        COMMIT_BATCH,
+        Unit::Count,
+        "writes made durable by one fsync"
+    );
+    ferry_worker::metrics::describe();
+}

@@ -1,0 +1,72 @@
+//! The storage port: threads' logs and metadata, calls, and registered
+//! toolsets. The engine owns this trait; `sled` is its embedded adapter (the
+//! NATS JetStream adapter is the cluster's).
+//!
+//! **Invariant:** only the storage adapter opens sled.
+
+mod commit;
+mod keys;
+pub mod sled;
+
+use async_trait::async_trait;
+use ferry_proto::api::Event;
+use tokio::sync::watch;
+
+use crate::thread::{CallRecord, ThreadMeta, ThreadState};
+use crate::toolsets::StoredToolset;
+
+pub use self::sled::SledStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("storage failed: {0}")]
+    Backend(String),
+    #[error("stored record is unreadable: {0}")]
+    Corrupt(String),
+    /// Another writer appended to the thread first; reload and decide again.
+    #[error("thread {0:?} changed concurrently")]
+    Conflict(String),
+}
+
+/// A batch of changes to one thread, written atomically.
+pub struct Write<'a> {
+    /// The thread's `last_seq` the changes were decided against; the write
+    /// fails with [`Error::Conflict`] if the stored thread moved on.
+    pub expected_last_seq: u64,
+    pub state: &'a ThreadState,
+    pub events: &'a [Event],
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The thread's metadata and the named calls (those that exist).
+    async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
+
+    /// Appends events and writes the state they fold into, atomically. Not
+    /// durable until [`Store::flush`] returns.
+    async fn write(&self, write: Write<'_>) -> Result<(), Error>;
+
+    /// Returns once everything written before the call is durable. Calls
+    /// made concurrently share one fsync (group commit).
+    async fn flush(&self) -> Result<(), Error>;
+
+    /// Marks events up to `seq` of `group_id` durable: readers may see them.
+    fn publish(&self, group_id: &str, seq: u64);
+
+    /// Durable events of the thread with sequence numbers above `after`.
+    async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error>;
+
+    /// Watches the thread's last durable sequence number.
+    fn watch(&self, group_id: &str) -> watch::Receiver<u64>;
+
+    async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error>;
+    async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error>;
+
+    /// Every call Ferry still expects something for (queued, dispatched,
+    /// awaiting, subscribed), as `(group_id, id)`: what recovery walks.
+    async fn open_calls(&self) -> Result<Vec<(String, String)>, Error>;
+
+    async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error>;
+    async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error>;
+    async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error>;
+}

@@ -1,0 +1,129 @@
+//! The in-memory index of loaded toolsets, rebuilt from the store at start.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use ferry_proto::api::ToolTarget;
+use jsonschema::Validator;
+use semver::Version;
+
+use super::resolve::{OperationName, ResolveError};
+use super::{LoadedToolset, StoredToolset};
+
+/// Toolsets by name, then version.
+#[derive(Default)]
+pub struct Registry {
+    toolsets: RwLock<BTreeMap<String, BTreeMap<Version, Arc<LoadedToolset>>>>,
+}
+
+/// A resolved tool, ready to validate arguments and dispatch.
+pub struct Resolved {
+    /// `Toolset.tool@version`.
+    pub qualified: String,
+    pub target: ToolTarget,
+    pub validator: Arc<Validator>,
+}
+
+impl Registry {
+    pub fn insert(&self, toolset: LoadedToolset) {
+        let mut all = self.toolsets.write().expect("registry lock");
+        let s = &toolset.stored;
+        all.entry(s.name.clone())
+            .or_default()
+            .insert(s.version.clone(), Arc::new(toolset));
+    }
+
+    /// Removes one version, or all versions when `version` is `None`.
+    /// Returns what was removed.
+    pub fn remove(&self, name: &str, version: Option<&Version>) -> Vec<StoredToolset> {
+        let mut all = self.toolsets.write().expect("registry lock");
+        let Some(versions) = all.get_mut(name) else {
+            return vec![];
+        };
+        let removed: Vec<_> = match version {
+            Some(v) => versions.remove(v).into_iter().collect(),
+            None => std::mem::take(versions).into_values().collect(),
+        };
+        if versions.is_empty() {
+            all.remove(name);
+        }
+        removed.into_iter().map(|t| t.stored.clone()).collect()
+    }
+
+    /// Every registered toolset, by name then version.
+    pub fn list(&self) -> Vec<Arc<LoadedToolset>> {
+        let all = self.toolsets.read().expect("registry lock");
+        all.values().flat_map(|v| v.values().cloned()).collect()
+    }
+
+    /// One toolset: the given version, or the latest.
+    pub fn get(&self, name: &str, version: Option<&Version>) -> Option<Arc<LoadedToolset>> {
+        let all = self.toolsets.read().expect("registry lock");
+        let versions = all.get(name)?;
+        match version {
+            Some(v) => versions.get(v).cloned(),
+            None => versions.values().next_back().cloned(),
+        }
+    }
+
+    /// The distinct base URLs of all tool servers, for notifications.
+    pub fn servers(&self) -> Vec<String> {
+        let mut urls: Vec<_> = self.list().iter().map(|t| t.stored.url.clone()).collect();
+        urls.sort();
+        urls.dedup();
+        urls
+    }
+
+    /// Toolsets (latest versions) that define a tool named `tool`: more than
+    /// one means the bare name is ambiguous.
+    pub fn defining(&self, tool: &str) -> Vec<String> {
+        let all = self.toolsets.read().expect("registry lock");
+        all.iter()
+            .filter(|(_, versions)| {
+                versions
+                    .values()
+                    .next_back()
+                    .is_some_and(|t| t.validators.contains_key(tool))
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    pub fn resolve(&self, operation: &str) -> Result<Resolved, ResolveError> {
+        let unknown = || ResolveError::Unknown(operation.to_owned());
+        let (toolset, tool) = match OperationName::parse(operation)? {
+            OperationName::Bare(tool) => {
+                let defining = self.defining(tool);
+                match defining.as_slice() {
+                    [] => return Err(unknown()),
+                    [one] => (self.get(one, None).ok_or_else(unknown)?, tool),
+                    _ => {
+                        return Err(ResolveError::Ambiguous {
+                            name: tool.to_owned(),
+                            toolsets: defining,
+                        })
+                    }
+                }
+            }
+            OperationName::Qualified {
+                toolset,
+                tool,
+                version,
+            } => (
+                self.get(toolset, version.as_ref()).ok_or_else(unknown)?,
+                tool,
+            ),
+        };
+        let validator = toolset.validators.get(tool).ok_or_else(unknown)?.clone();
+        let s = &toolset.stored;
+        Ok(Resolved {
+            qualified: format!("{}.{}@{}", s.name, tool, s.version),
+            target: ToolTarget {
+                tool_name: tool.to_owned(),
+                base_url: s.url.clone(),
+                endpoint: s.manifest.endpoint.clone(),
+            },
+            validator,
+        })
+    }
+}

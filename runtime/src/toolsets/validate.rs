@@ -1,0 +1,185 @@
+//! All-or-nothing validation of a manifest (`rap-3`: "an invalid toolset
+//! makes none of its tools available"), and argument validation against a
+//! tool's compiled `inputSchema`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use jsonschema::error::{TypeKind, ValidationErrorKind};
+use jsonschema::Validator;
+use serde_json::{Map, Value};
+
+use super::StoredToolset;
+
+/// A validated toolset with each tool's schema compiled once.
+pub struct LoadedToolset {
+    pub stored: StoredToolset,
+    pub validators: HashMap<String, Arc<Validator>>,
+}
+
+/// Everything wrong with a manifest, one line each.
+pub type Problems = Vec<String>;
+
+fn valid_tool_name(name: &str) -> bool {
+    (1..=128).contains(&name.chars().count())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Checks every rule of the manifest and compiles every schema; any problem
+/// refuses the whole toolset.
+pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
+    let m = &stored.manifest;
+    let mut problems = Problems::new();
+    let name_len = m.name.chars().count();
+    if !(1..=128).contains(&name_len) {
+        problems.push(format!("name must be 1-128 characters, got {name_len}"));
+    }
+    if m.name.contains('@') || m.name.chars().any(char::is_control) {
+        problems.push("name must not contain '@' or control characters".into());
+    }
+    match url::Url::parse(&m.endpoint) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+        _ => problems.push(format!("endpoint {:?} is not an http(s) URL", m.endpoint)),
+    }
+    if m.tools.is_empty() {
+        problems.push("a toolset needs at least one tool".into());
+    }
+    let mut seen = HashSet::new();
+    let mut validators = HashMap::new();
+    for tool in &m.tools {
+        if !valid_tool_name(&tool.name) {
+            problems.push(format!(
+                "tool name {:?} must be 1-128 letters, digits, '_' or '-'",
+                tool.name
+            ));
+        }
+        if !seen.insert(tool.name.as_str()) {
+            problems.push(format!("tool name {:?} appears twice", tool.name));
+        }
+        if !tool.input_schema.is_object() {
+            problems.push(format!(
+                "tool {:?}: inputSchema must be a JSON object",
+                tool.name
+            ));
+            continue;
+        }
+        match jsonschema::validator_for(&tool.input_schema) {
+            Ok(v) => {
+                validators.insert(tool.name.clone(), Arc::new(v));
+            }
+            Err(e) => problems.push(format!("tool {:?}: invalid inputSchema: {e}", tool.name)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(LoadedToolset { stored, validators })
+    } else {
+        Err(problems)
+    }
+}
+
+/// Argument errors keyed by the argument's path (`b`, `items/0`), or
+/// `arguments` for the object as a whole.
+pub type ArgumentErrors = Map<String, Value>;
+
+/// Validates `arguments`, naming each offending parameter in plain words
+/// and never echoing the value back.
+pub fn check_arguments(validator: &Validator, arguments: &Value) -> Result<(), ArgumentErrors> {
+    let mut errors = ArgumentErrors::new();
+    for error in validator.iter_errors(arguments) {
+        let path = error.instance_path.to_string();
+        let path = path.trim_start_matches('/');
+        let (key, message) = match &error.kind {
+            ValidationErrorKind::Required { property } => {
+                let name = property
+                    .as_str()
+                    .map_or_else(|| property.to_string(), str::to_owned);
+                let key = if path.is_empty() {
+                    name
+                } else {
+                    format!("{path}/{name}")
+                };
+                (key, "is required".to_owned())
+            }
+            ValidationErrorKind::Type { kind } => {
+                let expected = match kind {
+                    TypeKind::Single(t) => article(&t.to_string()),
+                    TypeKind::Multiple(ts) => format!("one of {ts:?}"),
+                };
+                (path.to_owned(), format!("must be {expected}"))
+            }
+            _ => (path.to_owned(), error.masked().to_string()),
+        };
+        let key = if key.is_empty() {
+            "arguments".to_owned()
+        } else {
+            key
+        };
+        errors.entry(key).or_insert(Value::String(message));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+fn article(type_name: &str) -> String {
+    match type_name {
+        "object" | "array" | "integer" => format!("an {type_name}"),
+        "null" => "null".to_owned(),
+        other => format!("a {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(schema: Value, args: Value, expected: Value) {
+        let v = jsonschema::validator_for(&schema).unwrap();
+        let got = match check_arguments(&v, &args) {
+            Ok(()) => json!({}),
+            Err(e) => Value::Object(e),
+        };
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn argument_errors_name_the_parameter() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"},
+                           "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["a", "b"],
+            "additionalProperties": false
+        });
+        check(schema.clone(), json!({"a": 1, "b": 2}), json!({}));
+        check(
+            schema.clone(),
+            json!({"a": 1, "b": "x"}),
+            json!({"b": "must be a number"}),
+        );
+        check(schema.clone(), json!({"a": 1}), json!({"b": "is required"}));
+        check(
+            schema.clone(),
+            json!({"a": 1, "b": 2, "tags": [3]}),
+            json!({"tags/0": "must be a string"}),
+        );
+        check(
+            schema.clone(),
+            json!([1]),
+            json!({"arguments": "must be an object"}),
+        );
+        let got = check_arguments(
+            &jsonschema::validator_for(&schema).unwrap(),
+            &json!({"a": 1, "b": 2, "zz": 1}),
+        );
+        assert!(got.unwrap_err()["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("zz"));
+    }
+}

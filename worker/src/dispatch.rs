@@ -1,0 +1,284 @@
+//! POSTing one invocation until the tool acknowledges it: 200 is success;
+//! connection errors, 5xx and 429 (honouring `Retry-After`) are retried with
+//! exponential backoff up to a bounded number of attempts; any other answer
+//! is final (`rap-3` Transport: never retry a 4xx).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use backoff::ExponentialBackoffBuilder;
+use ferry_proto::Invocation;
+use reqwest::{header::RETRY_AFTER, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::record_attempt;
+
+/// Retry policy and the one clock of a dispatch: the acknowledgement
+/// timeout of a single attempt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DispatchConfig {
+    /// Attempts before giving up, the first included.
+    pub max_attempts: u32,
+    #[serde(with = "millis")]
+    pub initial_backoff: Duration,
+    #[serde(with = "millis")]
+    pub max_backoff: Duration,
+    /// How long one attempt waits for the tool's HTTP answer.
+    #[serde(with = "millis")]
+    pub ack_timeout: Duration,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+            ack_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+/// Why a dispatch ended without an acknowledgement. The `Display` text is
+/// what the agent reads: it starts with `Error: ` and carries no internals.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("Error: the tool refused the call (HTTP {status})")]
+    Refused { status: u16, attempts: u32 },
+    #[error("Error: the tool could not be reached after {attempts} attempts")]
+    Unreachable { attempts: u32 },
+    #[error("Error: the tool kept failing (HTTP {status}) after {attempts} attempts")]
+    Exhausted { status: u16, attempts: u32 },
+    /// The call was cancelled or answered meanwhile; nothing to record.
+    #[error("the call no longer waits for dispatch")]
+    NotWanted { attempts: u32 },
+}
+
+impl Failure {
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Failure::Refused { attempts, .. }
+            | Failure::Unreachable { attempts }
+            | Failure::Exhausted { attempts, .. }
+            | Failure::NotWanted { attempts } => *attempts,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::Refused { .. } => "refused",
+            Failure::Unreachable { .. } => "unreachable",
+            Failure::Exhausted { .. } => "exhausted",
+            Failure::NotWanted { .. } => "not_wanted",
+        }
+    }
+}
+
+/// How one attempt went, classified for the retry decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    Acknowledged,
+    /// Worth another try, after `retry_after` if the tool said so.
+    Transient {
+        status: Option<u16>,
+        retry_after: Option<Duration>,
+    },
+    Final {
+        status: u16,
+    },
+}
+
+impl Attempt {
+    /// Classifies an HTTP answer.
+    pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> Self {
+        match status.as_u16() {
+            200 => Attempt::Acknowledged,
+            429 | 500..=599 => Attempt::Transient {
+                status: Some(status.as_u16()),
+                retry_after,
+            },
+            other => Attempt::Final { status: other },
+        }
+    }
+}
+
+/// Sends invocations; cheap to clone.
+#[derive(Clone)]
+pub struct Dispatcher {
+    client: reqwest::Client,
+    config: DispatchConfig,
+}
+
+impl Dispatcher {
+    pub fn new(client: reqwest::Client, config: DispatchConfig) -> Self {
+        Self { client, config }
+    }
+
+    async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
+        let sent = self
+            .client
+            .post(endpoint)
+            .timeout(self.config.ack_timeout)
+            .json(invocation)
+            .send()
+            .await;
+        match sent {
+            Ok(response) => {
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                Attempt::classify(response.status(), retry_after)
+            }
+            Err(_) => Attempt::Transient {
+                status: None,
+                retry_after: None,
+            },
+        }
+    }
+
+    /// Dispatches until acknowledged, refused, or out of attempts. `wanted`
+    /// is asked before every attempt, so a cancelled call stops retrying.
+    /// Returns the number of attempts made.
+    pub async fn dispatch<F, Fut>(
+        &self,
+        endpoint: &str,
+        invocation: &Invocation,
+        wanted: F,
+    ) -> Result<u32, Failure>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let attempts = AtomicU32::new(0);
+        let max = self.config.max_attempts.max(1);
+        let policy = ExponentialBackoffBuilder::new()
+            .with_initial_interval(self.config.initial_backoff)
+            .with_max_interval(self.config.max_backoff)
+            .with_max_elapsed_time(None)
+            .build();
+        let operation = || async {
+            let n = attempts.load(Ordering::SeqCst);
+            if !wanted().await {
+                return Err(backoff::Error::permanent(Failure::NotWanted {
+                    attempts: n,
+                }));
+            }
+            let n = attempts.fetch_add(1, Ordering::SeqCst) + 1;
+            match self.attempt(endpoint, invocation).await {
+                Attempt::Acknowledged => {
+                    record_attempt("acknowledged");
+                    Ok(n)
+                }
+                Attempt::Final { status } => {
+                    record_attempt("refused");
+                    Err(backoff::Error::permanent(Failure::Refused {
+                        status,
+                        attempts: n,
+                    }))
+                }
+                Attempt::Transient {
+                    status,
+                    retry_after,
+                } => {
+                    record_attempt(if status.is_some() {
+                        "retryable_status"
+                    } else {
+                        "unreachable"
+                    });
+                    let failure = match status {
+                        Some(status) => Failure::Exhausted {
+                            status,
+                            attempts: n,
+                        },
+                        None => Failure::Unreachable { attempts: n },
+                    };
+                    if n >= max {
+                        return Err(backoff::Error::permanent(failure));
+                    }
+                    let retry_after = retry_after.map(|d| d.min(self.config.max_backoff));
+                    Err(backoff::Error::Transient {
+                        err: failure,
+                        retry_after,
+                    })
+                }
+            }
+        };
+        backoff::future::retry(policy, operation).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_follows_the_transport_rules() {
+        let s = |code| StatusCode::from_u16(code).unwrap();
+        let cases = [
+            (200, Attempt::Acknowledged),
+            (
+                500,
+                Attempt::Transient {
+                    status: Some(500),
+                    retry_after: None,
+                },
+            ),
+            (
+                503,
+                Attempt::Transient {
+                    status: Some(503),
+                    retry_after: None,
+                },
+            ),
+            (
+                429,
+                Attempt::Transient {
+                    status: Some(429),
+                    retry_after: None,
+                },
+            ),
+            (404, Attempt::Final { status: 404 }),
+            (400, Attempt::Final { status: 400 }),
+            (202, Attempt::Final { status: 202 }),
+            (301, Attempt::Final { status: 301 }),
+        ];
+        for (code, expected) in cases {
+            assert_eq!(Attempt::classify(s(code), None), expected, "{code}");
+        }
+    }
+
+    #[test]
+    fn failure_texts_are_errors_for_the_model() {
+        for f in [
+            Failure::Refused {
+                status: 404,
+                attempts: 1,
+            },
+            Failure::Unreachable { attempts: 3 },
+            Failure::Exhausted {
+                status: 503,
+                attempts: 3,
+            },
+        ] {
+            assert!(f.to_string().starts_with("Error: "), "{f}");
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Runtime-to-tool-server notifications (`rap-3`): `/cancel_tool_call` and
+//! `/close_thread` are best effort and single shot; `/tool_call_status` is
+//! asked on recovery.
+
+use std::time::Duration;
+
+use ferry_proto::rap::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};
+use futures::future::join_all;
+use serde::Serialize;
+use tracing::debug;
+
+/// What a tool server says of a call Ferry still waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallLiveness {
+    Alive,
+    /// `alive: false`, a 4xx, or an unreadable 2xx: prune the call.
+    Lost,
+    /// A transport error or 5xx: keep waiting, never prune on unknown.
+    Unknown,
+}
+
+#[derive(Clone)]
+pub struct Notifier {
+    client: reqwest::Client,
+    timeout: Duration,
+}
+
+impl Notifier {
+    pub fn new(client: reqwest::Client) -> Self {
+        Self {
+            client,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    async fn post<T: Serialize>(&self, url: String, body: &T) {
+        let sent = self
+            .client
+            .post(&url)
+            .timeout(self.timeout)
+            .json(body)
+            .send()
+            .await;
+        debug!(%url, ok = sent.is_ok(), "notified tool server");
+    }
+
+    /// Sends `/cancel_tool_call` to every server at once, once each. The
+    /// caller does not wait on it: spawn the returned future.
+    pub fn cancel_tool_call(
+        &self,
+        servers: Vec<String>,
+        thread_id: &str,
+        tool_call_id: &str,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let this = self.clone();
+        let body = CancelToolCall {
+            thread_id: thread_id.to_owned(),
+            tool_call_id: tool_call_id.to_owned(),
+        };
+        async move {
+            join_all(
+                servers
+                    .into_iter()
+                    .map(|s| this.post(format!("{s}/cancel_tool_call"), &body)),
+            )
+            .await;
+        }
+    }
+
+    /// Sends `/close_thread` to every server at once, once each.
+    pub fn close_thread(
+        &self,
+        servers: Vec<String>,
+        thread_id: &str,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let this = self.clone();
+        let body = CloseThread {
+            thread_id: thread_id.to_owned(),
+        };
+        async move {
+            join_all(
+                servers
+                    .into_iter()
+                    .map(|s| this.post(format!("{s}/close_thread"), &body)),
+            )
+            .await;
+        }
+    }
+
+    /// Asks the server that got a call whether it still processes it.
+    pub async fn tool_call_status(
+        &self,
+        server: &str,
+        thread_id: &str,
+        tool_call_id: &str,
+    ) -> CallLiveness {
+        let body = ToolCallStatus {
+            thread_id: thread_id.to_owned(),
+            tool_call_id: tool_call_id.to_owned(),
+        };
+        let url = format!("{server}/tool_call_status");
+        let Ok(response) = self
+            .client
+            .post(&url)
+            .timeout(self.timeout)
+            .json(&body)
+            .send()
+            .await
+        else {
+            return CallLiveness::Unknown;
+        };
+        let status = response.status();
+        if status.is_server_error() {
+            return CallLiveness::Unknown;
+        }
+        if !status.is_success() {
+            return CallLiveness::Lost;
+        }
+        match response.json::<ToolCallStatusReply>().await {
+            Ok(ToolCallStatusReply { alive: true }) => CallLiveness::Alive,
+            Ok(ToolCallStatusReply { alive: false }) | Err(_) => CallLiveness::Lost,
+        }
+    }
+}
