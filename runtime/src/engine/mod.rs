@@ -187,6 +187,13 @@ impl Engine {
         if value.is_empty() {
             return Err(Error::InvalidRequest(format!("{what} must not be empty")));
         }
+        if value == "." || value == ".." {
+            // URL normalisation removes these as path segments, even
+            // percent-encoded, so such a thread could never be read.
+            return Err(Error::InvalidRequest(format!(
+                "{what} must not be \".\" or \"..\": it cannot be addressed in a URL path"
+            )));
+        }
         if value.len() > self.config.max_id_bytes {
             return Err(Error::InvalidRequest(format!(
                 "{what} is {} bytes long; the limit is {}",

@@ -16,7 +16,7 @@ pub async fn receive(
     Path(token): Path<String>,
     request: Request,
 ) -> Result<Json<Value>, ApiError> {
-    let body = read_bytes(request, &()).await?;
+    let body = read_bytes(request, app.engine.config().max_body_bytes).await?;
     let outcome = app.engine.callback(&token, &body).await?;
     Ok(Json(
         json!({"status": format!("{outcome:?}").to_lowercase()}),

@@ -12,7 +12,6 @@ mod views;
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
@@ -31,7 +30,6 @@ pub struct AppState {
 
 /// The whole native API.
 pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
-    let limit = engine.config().max_body_bytes;
     Router::new()
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
         .route(
@@ -58,6 +56,7 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
         .route("/metrics", get(ops::metrics))
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
+        // Bodies are limited by `body::read_bytes`, which answers 413 itself.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(AppState { engine, metrics })
 }

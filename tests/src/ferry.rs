@@ -1,0 +1,178 @@
+//! A `ferry serve` child process with its own data dir.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::{Api, TEST_SECRET};
+
+/// Builds the `ferry` binary once per test process (a no-op when it is up
+/// to date) and returns its path, next to the test executable's `deps/`.
+pub fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-q", "-p", "ferry-ops", "--bin", "ferry"]);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo build");
+        assert!(status.success(), "building the ferry binary failed");
+        let bin = profile_dir.join("ferry");
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+}
+
+#[derive(Clone, Debug)]
+pub struct FerryOptions {
+    /// Extra arguments to `ferry serve`.
+    pub args: Vec<String>,
+    pub demo: bool,
+    pub tool_servers: Vec<String>,
+}
+
+impl Default for FerryOptions {
+    fn default() -> Self {
+        Self {
+            // Short backoff so retry tests finish quickly.
+            args: vec![
+                "--initial-backoff-ms".into(),
+                "20".into(),
+                "--max-backoff-ms".into(),
+                "200".into(),
+            ],
+            demo: false,
+            tool_servers: vec![],
+        }
+    }
+}
+
+/// A running `ferry serve`; killed with SIGKILL when dropped.
+pub struct Ferry {
+    child: Option<Child>,
+    pub data: tempfile::TempDir,
+    pub port: u16,
+    pub url: String,
+    pub demo_url: Option<String>,
+    options: FerryOptions,
+}
+
+impl Ferry {
+    pub async fn start(options: FerryOptions) -> Ferry {
+        let data = tempfile::tempdir().expect("temp data dir");
+        let mut ferry = Ferry {
+            child: None,
+            data,
+            port: 0,
+            url: String::new(),
+            demo_url: None,
+            options,
+        };
+        ferry.spawn().await;
+        ferry
+    }
+
+    /// Starts `ferry serve --demo` with default options.
+    pub async fn with_demo() -> Ferry {
+        Ferry::start(FerryOptions {
+            demo: true,
+            ..FerryOptions::default()
+        })
+        .await
+    }
+
+    async fn spawn(&mut self) {
+        let mut cmd = Command::new(binary());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data")
+            .arg(self.data.path())
+            .arg("--secret")
+            .arg(TEST_SECRET)
+            .args(&self.options.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("FERRY_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if self.options.demo {
+            cmd.arg("--demo");
+        }
+        for server in &self.options.tool_servers {
+            cmd.arg("--tool-server").arg(server);
+        }
+        let mut child = cmd.spawn().expect("spawning ferry");
+        let stdout = child.stdout.take().expect("piped stdout");
+        // Read the announcement lines on a blocking thread.
+        let lines = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut out = vec![];
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                out.push(line.trim().to_owned());
+                line.clear();
+                if out
+                    .last()
+                    .is_some_and(|l| l.starts_with("ferry listening on "))
+                {
+                    break;
+                }
+            }
+            // Keep draining so the child never blocks on a full pipe.
+            std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+            out
+        });
+        let lines = tokio::time::timeout(Duration::from_secs(60), lines)
+            .await
+            .expect("ferry did not announce its address in time")
+            .expect("reader thread");
+        let url = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("ferry listening on "))
+            .unwrap_or_else(|| panic!("ferry exited before listening: {lines:?}"))
+            .to_owned();
+        self.demo_url = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("demo tool listening on "))
+            .map(str::to_owned);
+        self.port = url.rsplit(':').next().unwrap().parse().unwrap();
+        self.url = url;
+        self.child = Some(child);
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.url)
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL ferry");
+            child.wait().expect("reaping ferry");
+        }
+    }
+
+    /// Starts again on the same port and data dir (callback URLs already
+    /// handed to tools stay valid).
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+}
+
+impl Drop for Ferry {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

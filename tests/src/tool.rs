@@ -1,0 +1,210 @@
+//! A programmable RAP tool server on loopback. It records every invocation
+//! (with its `callback_url`), answers each as told, and lets the test send
+//! the callbacks itself: early, twice, or never.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_proto::Invocation;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+/// How the tool answers one invocation POST.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Ack {
+    Ok,
+    Status(u16),
+    /// A status with `Retry-After: secs`.
+    RetryAfter(u16, u64),
+    /// Never answer (until the connection is dropped).
+    Hang,
+}
+
+/// How the tool answers `/tool_call_status`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Liveness {
+    Alive(bool),
+    Status(u16),
+    Garbage,
+}
+
+/// One invocation the tool received.
+#[derive(Debug, Clone)]
+pub struct Invoked {
+    pub invocation: Invocation,
+    pub at: std::time::Instant,
+}
+
+struct Shared {
+    manifest: Mutex<Value>,
+    acks: Mutex<VecDeque<Ack>>,
+    liveness: Mutex<Liveness>,
+    invoked: mpsc::UnboundedSender<Invoked>,
+    notices: mpsc::UnboundedSender<(String, Value)>,
+    all: Mutex<Vec<Invocation>>,
+}
+
+pub struct TestTool {
+    pub url: String,
+    shared: Arc<Shared>,
+    invoked: tokio::sync::Mutex<mpsc::UnboundedReceiver<Invoked>>,
+    notices: tokio::sync::Mutex<mpsc::UnboundedReceiver<(String, Value)>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// A schema accepting `{"text": string}` (optional).
+pub fn text_schema() -> Value {
+    json!({"type": "object", "properties": {"text": {"type": "string"}}})
+}
+
+impl TestTool {
+    /// A tool server publishing toolset `name` with `tools`, all taking
+    /// [`text_schema`].
+    pub async fn start(name: &str, tools: &[&str]) -> TestTool {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"name": t, "description": format!("{t} of {name}"), "inputSchema": text_schema()}))
+            .collect();
+        Self::with_manifest(json!({"name": name, "tools": tools})).await
+    }
+
+    /// A tool server publishing `manifest`; its `endpoint`, when absent, is
+    /// filled in with this server's `/invoke`.
+    pub async fn with_manifest(mut manifest: Value) -> TestTool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        if manifest.get("endpoint").is_none() {
+            manifest["endpoint"] = json!(format!("{url}/invoke"));
+        }
+        let (invoked_tx, invoked_rx) = mpsc::unbounded_channel();
+        let (notices_tx, notices_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            manifest: Mutex::new(manifest),
+            acks: Mutex::new(VecDeque::new()),
+            liveness: Mutex::new(Liveness::Alive(true)),
+            invoked: invoked_tx,
+            notices: notices_tx,
+            all: Mutex::new(vec![]),
+        });
+        let app = Router::new()
+            .route("/.well-known/rap-toolset", get(manifest_route))
+            .route("/invoke", post(invoke))
+            .route(
+                "/cancel_tool_call",
+                post(|s, b| notice("cancel_tool_call", s, b)),
+            )
+            .route("/close_thread", post(|s, b| notice("close_thread", s, b)))
+            .route("/tool_call_status", post(status))
+            .with_state(shared.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        TestTool {
+            url,
+            shared,
+            invoked: tokio::sync::Mutex::new(invoked_rx),
+            notices: tokio::sync::Mutex::new(notices_rx),
+            server,
+        }
+    }
+
+    /// Answers the next invocations with `acks`, in order; then 200.
+    pub fn plan(&self, acks: &[Ack]) {
+        self.shared
+            .acks
+            .lock()
+            .unwrap()
+            .extend(acks.iter().copied());
+    }
+
+    pub fn set_liveness(&self, liveness: Liveness) {
+        *self.shared.liveness.lock().unwrap() = liveness;
+    }
+
+    pub fn set_manifest(&self, manifest: Value) {
+        *self.shared.manifest.lock().unwrap() = manifest;
+    }
+
+    /// The next invocation the tool received (whatever it answered).
+    pub async fn next_invocation(&self) -> Invoked {
+        let mut rx = self.invoked.lock().await;
+        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("no invocation arrived")
+            .expect("tool stopped")
+    }
+
+    /// The next `/cancel_tool_call` or `/close_thread` notice.
+    pub async fn next_notice(&self) -> (String, Value) {
+        let mut rx = self.notices.lock().await;
+        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("no notice arrived")
+            .expect("tool stopped")
+    }
+
+    /// Every invocation received so far.
+    pub fn invocations(&self) -> Vec<Invocation> {
+        self.shared.all.lock().unwrap().clone()
+    }
+
+    /// Stops serving: later connections are refused.
+    pub fn stop(&self) {
+        self.server.abort();
+    }
+}
+
+impl Drop for TestTool {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn manifest_route(State(s): State<Arc<Shared>>) -> Json<Value> {
+    Json(s.manifest.lock().unwrap().clone())
+}
+
+async fn invoke(State(s): State<Arc<Shared>>, Json(invocation): Json<Invocation>) -> Response {
+    s.all.lock().unwrap().push(invocation.clone());
+    let _ = s.invoked.send(Invoked {
+        invocation,
+        at: std::time::Instant::now(),
+    });
+    let ack = s.acks.lock().unwrap().pop_front().unwrap_or(Ack::Ok);
+    match ack {
+        Ack::Ok => StatusCode::OK.into_response(),
+        Ack::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
+        Ack::RetryAfter(code, secs) => {
+            let mut headers = HeaderMap::new();
+            headers.insert("retry-after", secs.to_string().parse().unwrap());
+            (StatusCode::from_u16(code).unwrap(), headers).into_response()
+        }
+        Ack::Hang => {
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
+
+async fn notice(
+    kind: &'static str,
+    State(s): State<Arc<Shared>>,
+    Json(body): Json<Value>,
+) -> StatusCode {
+    let _ = s.notices.send((kind.to_owned(), body));
+    StatusCode::OK
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    match *s.liveness.lock().unwrap() {
+        Liveness::Alive(alive) => Json(json!({"alive": alive})).into_response(),
+        Liveness::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),
+        Liveness::Garbage => (StatusCode::OK, "not json").into_response(),
+    }
+}
