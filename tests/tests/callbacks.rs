@@ -1,0 +1,444 @@
+//! Tools' callbacks (`POST /v1/callbacks/{token}`): the five types, dedupe,
+//! forged and unmatched callbacks, subscriptions and their cancellation.
+
+use ferry_runtime::token::Capabilities;
+use ferry_tests::{Api, Ferry, FerryOptions, TestTool, TEST_SECRET};
+use futures::future::join_all;
+use serde_json::{json, Value};
+
+struct Setup {
+    ferry: Ferry,
+    tool: TestTool,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let tool = TestTool::start("t", &["op"]).await;
+        let ferry = Ferry::start(FerryOptions {
+            tool_servers: vec![tool.url.clone()],
+            ..FerryOptions::default()
+        })
+        .await;
+        Setup { ferry, tool }
+    }
+
+    fn api(&self) -> Api {
+        self.ferry.api()
+    }
+
+    /// Submits call `id` in `g` and returns the callback URL the tool got.
+    async fn dispatched(&self, g: &str, id: &str) -> String {
+        let (status, body) = self
+            .api()
+            .submit(json!({"operation": "op", "arguments": {}, "group_id": g, "id": id}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        let sent = self.tool.next_invocation().await.invocation;
+        assert_eq!((sent.group_id.as_str(), sent.id.as_str()), (g, id));
+        sent.callback_url
+    }
+}
+
+fn result(g: &str, id: &str, text: &str) -> Value {
+    json!({"type": "tool_result", "group_id": g, "id": id, "text": text})
+}
+
+fn event(g: &str, id: &str, text: &str, last: bool) -> Value {
+    json!({"type": "subscription_event", "group_id": g, "tool_call_id": id, "text": text, "final": last})
+}
+
+async fn types(api: &Api, g: &str) -> Vec<String> {
+    api.events(g, 0)
+        .await
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn ten_identical_results_posted_at_once_make_one_event() {
+    let s = Setup::new().await;
+    let url = s.dispatched("g", "c").await;
+    let api = s.api();
+    let body = result("g", "c", "done");
+    let posts = (0..10).map(|_| api.post(&url, &body));
+    for (status, body) in join_all(posts).await {
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(api.count("g", "c", "tool_result").await, 1);
+    // A later, different result for the finished call has no effect either.
+    let (status, body) = api.post(&url, &result("g", "c", "changed my mind")).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("duplicate")));
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["result"]["text"], "done");
+    assert_eq!(api.count("g", "c", "tool_result").await, 1);
+}
+
+#[tokio::test]
+async fn forged_mismatched_and_unknown_callbacks_record_nothing() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url_a = s.dispatched("g", "a").await;
+    s.dispatched("g", "b").await;
+    api.wait_for("g", "b", "call_dispatched").await;
+    let before = api.events("g", 0).await.len();
+    let (prefix, token) = url_a.rsplit_once('/').unwrap();
+    let (payload, mac) = token.split_once('.').unwrap();
+    let flipped = format!(
+        "{payload}.{}{}",
+        if mac.starts_with('A') { "B" } else { "A" },
+        &mac[1..]
+    );
+    let minted = Capabilities::new(TEST_SECRET.as_bytes());
+    let cases = [
+        (
+            "flipped MAC",
+            format!("{prefix}/{flipped}"),
+            result("g", "a", "x"),
+            403,
+            "forbidden",
+        ),
+        (
+            "garbage token",
+            format!("{prefix}/garbage"),
+            result("g", "a", "x"),
+            403,
+            "forbidden",
+        ),
+        (
+            "other secret",
+            format!(
+                "{prefix}/{}",
+                Capabilities::new(b"another-secret-entirely").mint("g", "a")
+            ),
+            result("g", "a", "x"),
+            403,
+            "forbidden",
+        ),
+        (
+            "body names another call",
+            url_a.clone(),
+            result("g", "b", "x"),
+            403,
+            "forbidden",
+        ),
+        (
+            "body names another thread",
+            url_a.clone(),
+            result("h", "a", "x"),
+            403,
+            "forbidden",
+        ),
+        (
+            "unknown call",
+            format!("{prefix}/{}", minted.mint("g", "ghost")),
+            result("g", "ghost", "x"),
+            404,
+            "unknown_call",
+        ),
+        (
+            "unknown thread",
+            format!("{prefix}/{}", minted.mint("nowhere", "c")),
+            result("nowhere", "c", "x"),
+            404,
+            "unknown_call",
+        ),
+        (
+            "view_update for unknown call",
+            format!("{prefix}/{}", minted.mint("g", "ghost")),
+            json!({"type": "view_update", "group_id": "g", "view_type": "diff", "content": {}}),
+            404,
+            "unknown_call",
+        ),
+        (
+            "malformed JSON",
+            url_a.clone(),
+            json!("{not json"),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "unknown type",
+            url_a.clone(),
+            json!({"type": "tool_resultz", "group_id": "g", "id": "a", "text": "x"}),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "missing text and content",
+            url_a.clone(),
+            json!({"type": "tool_result", "group_id": "g", "id": "a"}),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "missing group_id",
+            url_a.clone(),
+            json!({"type": "tool_result", "id": "a", "text": "x"}),
+            400,
+            "invalid_callback",
+        ),
+    ];
+    for (what, url, body, status, code) in cases {
+        let raw = match &body {
+            Value::String(s) => s.clone().into_bytes(),
+            other => other.to_string().into_bytes(),
+        };
+        let (got, reply) = api.post_raw(&url, raw).await;
+        assert_eq!(got, status, "{what}: {reply}");
+        assert_eq!(reply["error"]["code"], code, "{what}");
+    }
+    let (_, reply) = api
+        .post(
+            &url_a,
+            &json!({"type": "tool_resultz", "group_id": "g", "id": "a", "text": "x"}),
+        )
+        .await;
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown callback type"));
+    assert_eq!(
+        api.events("g", 0).await.len(),
+        before,
+        "a refused callback recorded something"
+    );
+    assert_eq!(api.thread("nowhere").await.0, 404);
+    for id in ["a", "b"] {
+        assert_eq!(api.call("g", id).await.1["status"], "dispatched");
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_event_that_overtakes_its_result_is_kept() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "sub").await;
+    let (status, _) = api
+        .post(&url, &event("g", "sub", "early bird", false))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = api
+        .post(&url, &json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "watching", "subscription": true}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        api.post(&url, &event("g", "sub", "second", false)).await.0,
+        200
+    );
+    let texts: Vec<Value> = api
+        .events("g", 0)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "subscription_event")
+        .map(|e| e["payload"]["text"].clone())
+        .collect();
+    assert_eq!(texts, vec![json!("early bird"), json!("second")]);
+    let (_, call) = api.call("g", "sub").await;
+    assert_eq!(call["status"], "subscribed");
+    assert_eq!(call["subscription"], json!({"active": true, "events": 2}));
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(thread["active_subscriptions"], json!(["sub"]));
+    // final: true removes it from the active set; nothing after it counts.
+    assert_eq!(api.post(&url, &event("g", "sub", "bye", true)).await.0, 200);
+    let (status, body) = api.post(&url, &event("g", "sub", "too late", false)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (410, Some("subscription_gone"))
+    );
+    assert_eq!(api.thread("g").await.1["active_subscriptions"], json!([]));
+    assert_eq!(api.call("g", "sub").await.1["status"], "completed");
+}
+
+#[tokio::test]
+async fn a_cancelled_subscription_answers_410_and_tells_the_tool() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "sub").await;
+    api.post(&url, &json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "ok", "subscription": true}))
+        .await;
+    let (status, body) = api.delete("/v1/threads/g/subscriptions/sub").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    let (kind, notice) = s.tool.next_notice().await;
+    assert_eq!(kind, "cancel_tool_call");
+    assert_eq!(notice, json!({"thread_id": "g", "tool_call_id": "sub"}));
+    let before = api.events("g", 0).await.len();
+    let (status, body) = api
+        .post(&url, &event("g", "sub", "after cancel", false))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (410, Some("subscription_gone"))
+    );
+    assert_eq!(api.events("g", 0).await.len(), before);
+    assert_eq!(api.thread("g").await.1["active_subscriptions"], json!([]));
+    // Cancelling again, or something that is not a subscription: 404.
+    let (status, body) = api.delete("/v1/threads/g/subscriptions/sub").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_subscribed"))
+    );
+    let (status, _) = api.delete("/v1/threads/g/subscriptions/nope").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn the_builtin_cancel_subscription_tool_answers_at_once() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "sub").await;
+    api.post(&url, &json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "ok", "subscription": true}))
+        .await;
+    // Another thread cannot cancel it: rap-3 "a thread cancels only its own".
+    let (status, reply) = api
+        .submit(json!({"operation": "cancel_subscription", "arguments": {"tool_call_id": "sub"}, "group_id": "other"}))
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(reply["status"], "completed");
+    assert!(reply["result"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Error: "));
+    assert_eq!(
+        api.thread("g").await.1["active_subscriptions"],
+        json!(["sub"])
+    );
+    let (status, reply) = api
+        .submit(json!({"operation": "cancel_subscription", "arguments": {"tool_call_id": "sub"}, "group_id": "g", "id": "k"}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(reply["status"], "completed");
+    assert_eq!(reply["result"]["is_error"], false);
+    assert_eq!(
+        s.tool.next_notice().await.1,
+        json!({"thread_id": "g", "tool_call_id": "sub"})
+    );
+    assert_eq!(api.post(&url, &event("g", "sub", "x", false)).await.0, 410);
+    assert_eq!(api.thread("g").await.1["active_subscriptions"], json!([]));
+    // Bad arguments to the built-in are refused like any tool's.
+    let (status, body) = api
+        .submit(json!({"operation": "cancel_subscription", "arguments": {"tool_call_id": 7}, "group_id": "g"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_arguments"))
+    );
+    let (_, tools) = api.get("/v1/tools").await;
+    assert!(tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "cancel_subscription"));
+}
+
+#[tokio::test]
+async fn cancelling_a_pending_call_ignores_its_late_result() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "c").await;
+    let (status, call) = api.delete("/v1/threads/g/calls/c").await;
+    assert_eq!((status, call["status"].as_str()), (200, Some("cancelled")));
+    assert_eq!(
+        s.tool.next_notice().await.1,
+        json!({"thread_id": "g", "tool_call_id": "c"})
+    );
+    let (status, body) = api.post(&url, &result("g", "c", "late")).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("ignored")));
+    assert_eq!(api.count("g", "c", "tool_result").await, 0);
+    assert_eq!(api.call("g", "c").await.1["status"], "cancelled");
+    let (status, body) = api.delete("/v1/threads/g/calls/c").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("call_finished"))
+    );
+    assert_eq!(api.delete("/v1/threads/g/calls/nope").await.0, 404);
+}
+
+#[tokio::test]
+async fn oauth_user_choice_and_view_update_are_recorded() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "c").await;
+    let oauth =
+        json!({"type": "oauth", "group_id": "g", "id": "c", "auth_url": "https://auth.example/x"});
+    assert_eq!(api.post(&url, &oauth).await.0, 200);
+    assert_eq!(api.post(&url, &oauth).await.1["status"], "duplicate");
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(
+        (call["status"].as_str(), call["auth_url"].as_str()),
+        (Some("awaiting_auth"), Some("https://auth.example/x"))
+    );
+    let choice = json!({"type": "user_choice", "group_id": "g", "id": "c", "prompt": "Which?",
+                        "choices": ["a", "b"], "default": 1, "response_url": "https://tool.example/choice"});
+    assert_eq!(api.post(&url, &choice).await.0, 200);
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["status"], "awaiting_user");
+    assert_eq!(call["choice"]["choices"], json!(["a", "b"]));
+    let view = json!({"type": "view_update", "group_id": "g", "view_type": "diff", "content": {"patch": "+x"}});
+    assert_eq!(api.post(&url, &view).await.0, 200);
+    assert_eq!(
+        api.thread("g").await.1["views"],
+        json!({"diff": {"patch": "+x"}})
+    );
+    assert_eq!(
+        api.post(&url, &result("g", "c", "authorized and chosen"))
+            .await
+            .0,
+        200
+    );
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["status"], "completed");
+    assert!(call.get("auth_url").is_none() && call.get("choice").is_none());
+    let kinds = types(&api, "g").await;
+    for kind in ["oauth", "user_choice", "view_update", "tool_result"] {
+        assert_eq!(
+            kinds.iter().filter(|k| *k == kind).count(),
+            1,
+            "{kind} in {kinds:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn demo_tools_exercise_the_protocol_end_to_end() {
+    let ferry = Ferry::with_demo().await;
+    let api = ferry.api();
+    // ticks: a subscription of N events, then final.
+    api.submit(json!({"operation": "ticks", "arguments": {"count": 3, "interval_ms": 1}, "group_id": "g", "id": "t"})).await;
+    api.wait_event("g", 0, |e| {
+        e["type"] == "subscription_event" && e["payload"]["final"] == true
+    })
+    .await;
+    let (_, call) = api.call("g", "t").await;
+    assert_eq!(call["status"], "completed");
+    assert_eq!(call["subscription"]["events"], 3);
+    // authorize: oauth first, the result after the user visits auth_url.
+    api.submit(
+        json!({"operation": "authorize", "arguments": {"text": "me"}, "group_id": "g", "id": "a"}),
+    )
+    .await;
+    let oauth = api.wait_for("g", "a", "oauth").await;
+    let auth_url = oauth["payload"]["auth_url"].as_str().unwrap();
+    assert_eq!(api.call("g", "a").await.1["status"], "awaiting_auth");
+    reqwest::get(auth_url)
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let result = api.wait_for("g", "a", "tool_result").await;
+    assert_eq!(result["payload"]["text"], "authorized: me");
+    // diff: display_as with a text fallback; fail: an Error: result.
+    api.submit(json!({"operation": "diff", "arguments": {"path": "src/main.rs"}, "group_id": "g", "id": "d"})).await;
+    let diff = api.wait_for("g", "d", "tool_result").await;
+    assert_eq!(diff["payload"]["display_as"][0]["type"], "diff");
+    assert_eq!(diff["payload"]["display_as"][1]["type"], "text");
+    api.submit(json!({"operation": "fail", "arguments": {}, "group_id": "g", "id": "f"}))
+        .await;
+    let failed = api.wait_for("g", "f", "tool_result").await;
+    assert_eq!(failed["payload"]["is_error"], true);
+    assert!(failed["payload"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Error: "));
+}
