@@ -33,9 +33,12 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8090", env = "FERRY_DEMO_LISTEN")]
         listen: SocketAddr,
     },
+    /// Measure the whole path against direct RAP to the same tool.
+    Bench(ferry_ops::bench::BenchArgs),
 }
 
 #[derive(Args)]
+#[command(args_override_self = true)]
 struct Serve {
     /// Address of the HTTP API (agents and tool callbacks).
     #[arg(long, default_value = "127.0.0.1:8080", env = "FERRY_LISTEN")]
@@ -74,15 +77,22 @@ struct Serve {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The bench runs Ferry in-process; its per-call info logs would be noise.
+    let default_filter = match cli.command {
+        Command::Bench(_) => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Bench(args) => ferry_ops::bench::main(args).await,
         Command::DemoTool { listen } => {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await

@@ -140,7 +140,8 @@ impl TestTool {
             .expect("tool stopped")
     }
 
-    /// The next `/cancel_tool_call` or `/close_thread` notice.
+    /// The next `/cancel_tool_call`, `/close_thread` or `/tool_call_status`
+    /// request received.
     pub async fn next_notice(&self) -> (String, Value) {
         let mut rx = self.notices.lock().await;
         tokio::time::timeout(Duration::from_secs(20), rx.recv())
@@ -201,7 +202,8 @@ async fn notice(
     StatusCode::OK
 }
 
-async fn status(State(s): State<Arc<Shared>>) -> Response {
+async fn status(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+    let _ = s.notices.send(("tool_call_status".to_owned(), body));
     match *s.liveness.lock().unwrap() {
         Liveness::Alive(alive) => Json(json!({"alive": alive})).into_response(),
         Liveness::Status(code) => StatusCode::from_u16(code).unwrap().into_response(),

@@ -1,0 +1,174 @@
+//! Dispatch: the tool must acknowledge with 200; connection errors, 5xx and
+//! 429 are retried with backoff (honouring `Retry-After`); a 4xx is never
+//! retried; giving up records an `Error: ` result the agent can read.
+
+use std::time::Duration;
+
+use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
+use serde_json::json;
+
+async fn ferry_with(tool: &TestTool, extra: &[&str]) -> Ferry {
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    };
+    options.args.extend(extra.iter().map(|s| s.to_string()));
+    Ferry::start(options).await
+}
+
+#[tokio::test]
+async fn a_tool_answering_500_twice_then_200_is_dispatched_on_the_third_attempt() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(500), Ack::Status(500)]);
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    for _ in 0..3 {
+        assert_eq!(tool.next_invocation().await.invocation.id, "c");
+    }
+    let dispatched = api.wait_for("g", "c", "call_dispatched").await;
+    assert_eq!(dispatched["payload"]["attempts"], 3);
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(
+        (call["status"].as_str(), call["attempts"].as_u64()),
+        (Some("dispatched"), Some(3))
+    );
+    // After the 200, Ferry waits for the callback: no further attempts.
+    let url = tool.invocations()[2].callback_url.clone();
+    api.post(
+        &url,
+        &json!({"type": "tool_result", "group_id": "g", "id": "c", "text": "ok"}),
+    )
+    .await;
+    assert_eq!(api.call("g", "c").await.1["status"], "completed");
+    assert_eq!(tool.invocations().len(), 3);
+}
+
+#[tokio::test]
+async fn a_4xx_is_never_retried_and_fails_the_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(404)]);
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(result["payload"]["origin"], "ferry");
+    assert_eq!(result["payload"]["is_error"], true);
+    assert_eq!(
+        result["payload"]["text"],
+        "Error: the tool refused the call (HTTP 404)"
+    );
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(
+        (call["status"].as_str(), call["attempts"].as_u64()),
+        (Some("failed"), Some(1))
+    );
+    assert_eq!(tool.invocations().len(), 1);
+}
+
+#[tokio::test]
+async fn other_non_200_answers_end_the_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(202)]);
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert!(result["payload"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Error: "));
+    assert_eq!(api.call("g", "c").await.1["status"], "failed");
+}
+
+#[tokio::test]
+async fn a_tool_that_refuses_connections_fails_after_the_retries() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    // Register while it answers, then point the endpoint at a closed port.
+    let tool = TestTool::with_manifest(
+        json!({"name": "gone", "endpoint": format!("http://127.0.0.1:{port}/invoke"),
+        "tools": [{"name": "op", "description": "", "inputSchema": {"type": "object"}}]}),
+    )
+    .await;
+    drop(closed);
+    let ferry = ferry_with(&tool, &["--max-attempts", "3"]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        result["payload"]["text"],
+        "Error: the tool could not be reached after 3 attempts"
+    );
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(
+        (call["status"].as_str(), call["attempts"].as_u64()),
+        (Some("failed"), Some(3))
+    );
+    // No internal detail (addresses, OS errors) reaches the agent.
+    assert!(!result["payload"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("127.0.0.1"));
+}
+
+#[tokio::test]
+async fn exhausted_5xx_retries_fail_the_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(503); 3]);
+    let ferry = ferry_with(&tool, &["--max-attempts", "3"]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        result["payload"]["text"],
+        "Error: the tool kept failing (HTTP 503) after 3 attempts"
+    );
+    assert_eq!(tool.invocations().len(), 3);
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_waits_as_asked() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::RetryAfter(429, 1)]);
+    // Backoff capped at 2 s so the Retry-After of 1 s is not cut short.
+    let ferry = ferry_with(&tool, &["--max-backoff-ms", "2000"]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let first = tool.next_invocation().await.at;
+    let second = tool.next_invocation().await.at;
+    assert!(
+        second - first >= Duration::from_millis(950),
+        "retried after {:?}",
+        second - first
+    );
+    assert_eq!(
+        api.wait_for("g", "c", "call_dispatched").await["payload"]["attempts"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_call_cancelled_during_retries_stops_being_retried() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::RetryAfter(503, 1), Ack::Status(503), Ack::Status(503)]);
+    let ferry = ferry_with(&tool, &["--max-backoff-ms", "2000"]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    tool.next_invocation().await;
+    assert_eq!(api.delete("/v1/threads/g/calls/c").await.0, 200);
+    // The next call in the same thread is dispatched only after the
+    // cancelled one's dispatch ended (one at a time, in order).
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "next"}))
+        .await;
+    assert_eq!(tool.next_invocation().await.invocation.id, "next");
+    assert_eq!(tool.invocations().iter().filter(|i| i.id == "c").count(), 1);
+    assert_eq!(api.count("g", "c", "tool_result").await, 0);
+}
