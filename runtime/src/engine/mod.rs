@@ -150,6 +150,10 @@ impl Engine {
             let expected_last_seq = state.meta.last_seq;
             let events = thread::apply(&mut state, &at, decision.changes.clone());
             if events.is_empty() {
+                drop(guard);
+                // Nothing new, but what the answer rests on (a call another
+                // request just wrote, say) must be durable before we answer.
+                self.store.flush().await?;
                 return Ok(Executed {
                     decision,
                     events,
@@ -171,7 +175,14 @@ impl Engine {
                 Ok(()) => {}
             }
             let flushed = self.store.flush().await;
-            self.store.publish(group_id, state.meta.last_seq);
+            // Readers see the events only once they are durable; a failed
+            // flush releases the write without showing it.
+            let durable = if flushed.is_ok() {
+                state.meta.last_seq
+            } else {
+                expected_last_seq
+            };
+            self.store.publish(group_id, durable);
             flushed?;
             return Ok(Executed {
                 decision,
