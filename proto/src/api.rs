@@ -169,11 +169,12 @@ pub enum EventKind {
         view_type: String,
         content: Value,
     },
-    /// The agent cancelled a pending call.
-    CallCancelled,
+    /// The agent cancelled a pending call. (Variants without data are empty
+    /// structs so that every event carries a `payload`, `{}` here.)
+    CallCancelled {},
     /// The subscription left the thread's active set.
-    SubscriptionCancelled,
-    ThreadClosed,
+    SubscriptionCancelled {},
+    ThreadClosed {},
 }
 
 /// Where a call's tool lives, recorded at acceptance so that re-dispatch and
@@ -207,9 +208,9 @@ impl EventKind {
             Self::OAuth { .. } => "oauth",
             Self::UserChoice { .. } => "user_choice",
             Self::ViewUpdate { .. } => "view_update",
-            Self::CallCancelled => "call_cancelled",
-            Self::SubscriptionCancelled => "subscription_cancelled",
-            Self::ThreadClosed => "thread_closed",
+            Self::CallCancelled {} => "call_cancelled",
+            Self::SubscriptionCancelled {} => "subscription_cancelled",
+            Self::ThreadClosed {} => "thread_closed",
         }
     }
 }

@@ -89,7 +89,7 @@ impl Engine {
             let did_cancel = decision
                 .changes
                 .iter()
-                .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled));
+                .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled {}));
             if did_cancel {
                 self.subscription_closed(&group_id, &cancelled);
             }

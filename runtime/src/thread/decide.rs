@@ -170,8 +170,8 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
         Command::Cancel { id } => {
             let call = existing(state, id)?;
             let kind = match call.status {
-                s if s.is_pending() => EventKind::CallCancelled,
-                CallStatus::Subscribed => EventKind::SubscriptionCancelled,
+                s if s.is_pending() => EventKind::CallCancelled {},
+                CallStatus::Subscribed => EventKind::SubscriptionCancelled {},
                 status => {
                     return Err(Rejection::Finished {
                         id: id.clone(),
@@ -187,13 +187,13 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             }
             Ok(Decision::applied(vec![Change::of(
                 id,
-                EventKind::SubscriptionCancelled,
+                EventKind::SubscriptionCancelled {},
             )]))
         }
         Command::Close if state.meta.closed => Ok(Decision::nothing(Outcome::Duplicate)),
         Command::Close => Ok(Decision::applied(vec![Change {
             id: None,
-            kind: EventKind::ThreadClosed,
+            kind: EventKind::ThreadClosed {},
         }])),
         Command::Lost { id } => {
             let call = existing(state, id)?;
@@ -277,7 +277,7 @@ fn cancel_subscription_tool(
     let text = if state.meta.active_subscriptions.contains(target) {
         decision
             .changes
-            .push(Change::of(target, EventKind::SubscriptionCancelled));
+            .push(Change::of(target, EventKind::SubscriptionCancelled {}));
         format!("Cancelled subscription {target}")
     } else {
         format!("Error: {target} is not an active subscription of this thread")

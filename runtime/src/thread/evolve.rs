@@ -69,7 +69,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
             };
             state.calls.insert(id.to_owned(), record);
         }
-        EventKind::ThreadClosed => meta.closed = true,
+        EventKind::ThreadClosed {} => meta.closed = true,
         EventKind::ViewUpdate { view_type, content } => {
             meta.views.insert(view_type.clone(), content.clone());
         }
@@ -141,12 +141,12 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     });
                     CallStatus::AwaitingUser
                 }
-                EventKind::CallCancelled | EventKind::SubscriptionCancelled => {
+                EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {} => {
                     meta.active_subscriptions.remove(id);
                     CallStatus::Cancelled
                 }
                 EventKind::CallAccepted { .. }
-                | EventKind::ThreadClosed
+                | EventKind::ThreadClosed {}
                 | EventKind::ViewUpdate { .. } => unreachable!("handled above"),
             };
             if status != call.status {

@@ -1,0 +1,509 @@
+//! Reading a thread: long-poll events, the SSE stream (with resumption),
+//! the event shape, thread metadata, closing a thread, and the operational
+//! endpoints (`/healthz`, `/metrics`, unknown routes).
+
+use std::time::{Duration, Instant};
+
+use ferry_proto::Invocation;
+use ferry_tests::api::seg;
+use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
+use futures::stream::{BoxStream, StreamExt};
+use serde_json::{json, Value};
+
+/// Asserts an answer is the API's error shape with `status` and `code`.
+fn refused(answer: &(u16, Value), status: u16, code: &str) {
+    let (got, body) = answer;
+    assert_eq!(*got, status, "expected {status} {code}, got {got}: {body}");
+    assert_eq!(body["error"]["code"], code, "wrong error code: {body}");
+    let message = body["error"]["message"].as_str();
+    assert!(
+        message.is_some_and(|m| !m.is_empty()),
+        "error without a message: {body}"
+    );
+}
+
+/// A TestTool serving toolset `S` with tool `op`, and a Ferry that
+/// registered it at start.
+async fn setup() -> (TestTool, Ferry) {
+    let tool = TestTool::start("S", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    (tool, ferry)
+}
+
+/// Submits call `id` in `group_id`, and returns the invocation the tool
+/// received once Ferry has recorded it as dispatched.
+async fn dispatched(api: &Api, tool: &TestTool, group_id: &str, id: &str) -> Invocation {
+    let (status, reply) = api
+        .submit(
+            json!({"operation": "op", "arguments": {"text": id}, "group_id": group_id, "id": id}),
+        )
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let invocation = tool.next_invocation().await.invocation;
+    assert_eq!(invocation.id, id);
+    api.wait_for(group_id, id, "call_dispatched").await;
+    invocation
+}
+
+/// Sends the call's `tool_result` callback, as the tool would.
+async fn send_result(api: &Api, invocation: &Invocation, text: &str) {
+    let body = json!({"type": "tool_result", "group_id": invocation.group_id, "id": invocation.id, "text": text});
+    let (status, answer) = api.post(&invocation.callback_url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "applied");
+}
+
+/// A call submitted, dispatched and completed: three events.
+async fn completed(api: &Api, tool: &TestTool, group_id: &str, id: &str) {
+    let invocation = dispatched(api, tool, group_id, id).await;
+    send_result(api, &invocation, &format!("done {id}")).await;
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+}
+
+fn events_path(group_id: &str, query: &str) -> String {
+    format!("/v1/threads/{}/events?{query}", seg(group_id))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_poll_returns_as_soon_as_the_event_lands() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    let invocation = dispatched(&api, &tool, "g", "c1").await;
+    let tip = api.events("g", 0).await.last().unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(tip, 2, "call_accepted and call_dispatched");
+
+    let poller = api.clone();
+    let mut poll = tokio::spawn(async move {
+        let answer = poller
+            .get(&events_path("g", &format!("after={tip}&wait=10")))
+            .await;
+        (answer, Instant::now())
+    });
+    // Not a synchronisation: the poll must still be waiting (without long
+    // poll it would have answered `[]` at once).
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut poll).await;
+    assert!(
+        early.is_err(),
+        "the long poll answered before any event: {early:?}"
+    );
+
+    let sent = Instant::now();
+    send_result(&api, &invocation, "landed").await;
+    let ((status, body), answered) = tokio::time::timeout(Duration::from_secs(8), poll)
+        .await
+        .expect("the long poll did not return when the event landed")
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events = body["events"].as_array().unwrap();
+    assert_eq!(seqs(events), [3], "{body}");
+    assert_eq!(events[0]["type"], "tool_result");
+    assert_eq!(events[0]["id"], "c1");
+    assert_eq!(events[0]["payload"]["text"], "landed");
+    assert_eq!(body["next_after"], 3);
+    let late = answered.saturating_duration_since(sent);
+    assert!(
+        late < Duration::from_secs(5),
+        "the poll answered {late:?} after the event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_poll_honours_wait_limit_and_after() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    completed(&api, &tool, "g", "c1").await;
+    completed(&api, &tool, "g", "c2").await;
+
+    let (status, page) = api.get(&events_path("g", "after=0&limit=2")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [1, 2]);
+    assert_eq!(page["next_after"], 2);
+    let (_, page) = api.get(&events_path("g", "after=2&limit=3")).await;
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [3, 4, 5]);
+    assert_eq!(page["next_after"], 5);
+    let (_, page) = api.get(&events_path("g", "after=5")).await;
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [6]);
+
+    // Nothing new and wait=0: an empty page at once.
+    let started = Instant::now();
+    let (status, page) = api.get(&events_path("g", "after=6&wait=0")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page, json!({"events": [], "next_after": 6}));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "wait=0 waited {:?}",
+        started.elapsed()
+    );
+    // Beyond the end: nothing, and the cursor stays where it was.
+    let (status, page) = api.get(&events_path("g", "after=100")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page, json!({"events": [], "next_after": 100}));
+
+    for query in ["after=abc", "after=-1", "limit=many", "wait=abc", "wait=-1"] {
+        let answer = api.get(&events_path("g", query)).await;
+        refused(&answer, 400, "invalid_request");
+    }
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(thread["last_seq"], 6, "{thread}");
+    assert_eq!(seqs(&api.events("g", 0).await), [1, 2, 3, 4, 5, 6]);
+}
+
+/// One Server-Sent Event.
+#[derive(Debug)]
+struct Sse {
+    id: Option<String>,
+    event: Option<String>,
+    data: Value,
+}
+
+/// Reads a `text/event-stream` body event by event.
+struct SseReader {
+    body: BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    async fn open(api: &Api, query: &str, last_event_id: Option<&str>) -> SseReader {
+        let mut request = api
+            .client
+            .get(format!("{}/v1/threads/g/stream{query}", api.base));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.expect("GET stream");
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "{content_type}"
+        );
+        SseReader {
+            body: response
+                .bytes_stream()
+                .map(|chunk| chunk.map(|b| b.to_vec()))
+                .boxed(),
+            buf: vec![],
+        }
+    }
+
+    async fn next(&mut self) -> Sse {
+        tokio::time::timeout(Duration::from_secs(20), self.read())
+            .await
+            .expect("no event on the stream")
+    }
+
+    async fn read(&mut self) -> Sse {
+        loop {
+            while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                if let Some(event) = parse_block(&String::from_utf8(block).unwrap()) {
+                    return event;
+                }
+            }
+            let chunk = self
+                .body
+                .next()
+                .await
+                .expect("the stream ended")
+                .expect("stream error");
+            self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
+        }
+    }
+}
+
+/// Parses one event block; `None` for a comment-only block (keep-alive).
+fn parse_block(block: &str) -> Option<Sse> {
+    let (mut id, mut event, mut data) = (None, None, Vec::new());
+    for line in block.lines() {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => id = Some(value.to_owned()),
+            "event" => event = Some(value.to_owned()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    if data.is_empty() {
+        return None;
+    }
+    let data = serde_json::from_str(&data.join("\n")).expect("data is JSON");
+    Some(Sse { id, event, data })
+}
+
+/// Asserts an SSE event is event `seq` of type `kind`, `id` being the seq.
+fn assert_sse(sse: &Sse, seq: u64, kind: &str) {
+    assert_eq!(sse.id.as_deref(), Some(seq.to_string().as_str()), "{sse:?}");
+    assert_eq!(sse.event.as_deref(), Some(kind), "{sse:?}");
+    assert_eq!(sse.data["seq"], seq, "{sse:?}");
+    assert_eq!(sse.data["type"], kind, "{sse:?}");
+    assert_eq!(sse.data["group_id"], "g", "{sse:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sse_stream_delivers_events_in_order_and_resumes() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+
+    // A stream opened on an empty thread receives its first event.
+    let mut live = SseReader::open(&api, "", None).await;
+    let invocation = dispatched(&api, &tool, "g", "c1").await;
+    assert_sse(&live.next().await, 1, "call_accepted");
+    assert_sse(&live.next().await, 2, "call_dispatched");
+    send_result(&api, &invocation, "one").await;
+    let result = live.next().await;
+    assert_sse(&result, 3, "tool_result");
+    assert_eq!(result.data["id"], "c1");
+    assert_eq!(result.data["payload"]["text"], "one");
+
+    // A fresh stream replays from the start, in order.
+    let mut replay = SseReader::open(&api, "", None).await;
+    for (seq, kind) in [
+        (1, "call_accepted"),
+        (2, "call_dispatched"),
+        (3, "tool_result"),
+    ] {
+        assert_sse(&replay.next().await, seq, kind);
+    }
+    // A new event reaches both open streams.
+    dispatched(&api, &tool, "g", "c2").await;
+    for stream in [&mut live, &mut replay] {
+        let accepted = stream.next().await;
+        assert_sse(&accepted, 4, "call_accepted");
+        assert_eq!(accepted.data["id"], "c2");
+        assert_sse(&stream.next().await, 5, "call_dispatched");
+    }
+
+    // Resuming: `Last-Event-ID: 2` and `?after=2` both start at seq 3.
+    let mut resumed = SseReader::open(&api, "", Some("2")).await;
+    let mut after = SseReader::open(&api, "?after=2", None).await;
+    for stream in [&mut resumed, &mut after] {
+        for (seq, kind) in [
+            (3, "tool_result"),
+            (4, "call_accepted"),
+            (5, "call_dispatched"),
+        ] {
+            assert_sse(&stream.next().await, seq, kind);
+        }
+    }
+
+    for (query, header) in [("", Some("abc")), ("?after=abc", None)] {
+        let mut request = api
+            .client
+            .get(format!("{}/v1/threads/g/stream{query}", api.base));
+        if let Some(value) = header {
+            request = request.header("last-event-id", value);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("an error body");
+        refused(&(status, body), 400, "invalid_request");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_event_has_the_documented_fields_and_dense_seqs() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    completed(&api, &tool, "g", "c1").await;
+    dispatched(&api, &tool, "g", "c2").await;
+    let (status, cancelled) = api.delete("/v1/threads/g/calls/c2").await;
+    assert_eq!(status, 200, "{cancelled}");
+    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+
+    let events = api.events("g", 0).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "call_accepted",
+            "call_dispatched",
+            "tool_result",
+            "call_accepted",
+            "call_dispatched",
+            "call_cancelled",
+            "thread_closed"
+        ]
+    );
+    // Seqs are dense and start at 1.
+    assert_eq!(seqs(&events), (1..=events.len() as u64).collect::<Vec<_>>());
+    let mut previous = String::new();
+    let mut without_payload = vec![];
+    for event in &events {
+        for field in ["seq", "type", "group_id", "at"] {
+            assert!(
+                event.get(field).is_some(),
+                "event without {field:?}: {event}"
+            );
+        }
+        if event.get("payload").is_none() {
+            without_payload.push(event["type"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(event["group_id"], "g", "{event}");
+        let at = event["at"].as_str().unwrap();
+        assert!(
+            at.contains('T') && at.ends_with('Z'),
+            "`at` is not RFC 3339 UTC: {event}"
+        );
+        assert!(at >= previous.as_str(), "time went backwards: {event}");
+        previous = at.to_owned();
+        let expected_id = match event["seq"].as_u64().unwrap() {
+            1..=3 => json!("c1"),
+            4..=6 => json!("c2"),
+            _ => Value::Null,
+        };
+        assert_eq!(
+            event.get("id").cloned().unwrap_or(Value::Null),
+            expected_id,
+            "{event}"
+        );
+    }
+    let accepted = &events[0]["payload"];
+    assert_eq!(accepted["operation"], "op");
+    assert_eq!(accepted["tool"], "S.op@1.0.0");
+    assert_eq!(accepted["arguments"], json!({"text": "c1"}));
+    assert_eq!(events[1]["payload"]["attempts"], 1);
+    assert_eq!(events[2]["payload"]["text"], "done c1");
+    assert_eq!(events[2]["payload"]["is_error"], false);
+    assert_eq!(events[2]["payload"]["origin"], "tool");
+    // Every event carries `payload`, even a type with nothing to say.
+    assert!(
+        without_payload.is_empty(),
+        "events without \"payload\": {without_payload:?} in {events:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_a_thread_tells_the_tools_and_refuses_later_calls() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    completed(&api, &tool, "g", "c1").await;
+
+    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(
+        closed,
+        json!({"group_id": "g", "closed": true, "last_seq": 4})
+    );
+    // rap-3: "`POST /close_thread` `{"thread_id"}` — best effort, single
+    // shot, to every configured tool server when a thread is closed."
+    let (kind, notice) = tool.next_notice().await;
+    assert_eq!(kind, "close_thread");
+    assert_eq!(notice, json!({"thread_id": "g"}));
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(thread["closed"], true, "{thread}");
+
+    let answer = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c2"}))
+        .await;
+    refused(&answer, 409, "thread_closed");
+    refused(&api.call("g", "c2").await, 404, "not_found");
+    let events = api.events("g", 0).await;
+    assert_eq!(seqs(&events), [1, 2, 3, 4], "the refused call left a trace");
+    assert_eq!(events[3]["type"], "thread_closed");
+
+    // A call in another thread still goes through; the refused one never
+    // reached the tool.
+    dispatched(&api, &tool, "other", "c3").await;
+    let ids: Vec<String> = tool.invocations().into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["c1", "c3"]);
+}
+
+/// The value of the first sample of `metric` whose line contains `label`.
+fn sample(metrics: &str, metric: &str, label: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with([' ', '{']))
+        .find(|l| l.contains(label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_metrics_and_unknown_routes() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    let (status, health) = api.get("/healthz").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["status"], "ok");
+
+    completed(&api, &tool, "g", "c1").await;
+    let response = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let metrics = response.text().await.unwrap();
+    let accepted = sample(&metrics, "ferry_calls_accepted_total", "");
+    assert_eq!(accepted, Some(1.0), "{metrics}");
+    let callbacks = sample(&metrics, "ferry_callbacks_total", "tool_result");
+    assert!(callbacks.is_some_and(|n| n >= 1.0), "{metrics}");
+
+    refused(&api.get("/v1/nowhere").await, 404, "not_found");
+    refused(&api.get("/v1/threads/g/nowhere").await, 404, "not_found");
+    refused(
+        &api.post("/healthz", &json!({})).await,
+        405,
+        "method_not_allowed",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thread_metadata_reports_progress_and_ancestors() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    refused(&api.thread("g").await, 404, "not_found");
+
+    let (status, reply) = api
+        .submit(
+            json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c1",
+                       "thread_ancestors": ["root", "parent"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    let first = tool.next_invocation().await.invocation;
+    api.wait_for("g", "c1", "call_dispatched").await;
+    send_result(&api, &first, "done").await;
+    // A later call's ancestors do not replace the first call's.
+    let (status, reply) = api
+        .submit(
+            json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c2",
+                       "thread_ancestors": ["elsewhere"]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    tool.next_invocation().await;
+    api.wait_for("g", "c2", "call_dispatched").await;
+
+    let (status, thread) = api.thread("g").await;
+    assert_eq!(status, 200, "{thread}");
+    assert_eq!(thread["group_id"], "g");
+    assert_eq!(thread["ancestors"], json!(["root", "parent"]));
+    assert_eq!(thread["closed"], false);
+    assert_eq!(thread["last_seq"], 5);
+    assert_eq!(thread["counts"], json!({"completed": 1, "dispatched": 1}));
+    assert_eq!(thread["calls"], 2);
+    assert_eq!(thread["active_subscriptions"], json!([]));
+    assert!(
+        thread["created_at"].is_string() && thread["updated_at"].is_string(),
+        "{thread}"
+    );
+
+    refused(&api.thread("unknown").await, 404, "not_found");
+}

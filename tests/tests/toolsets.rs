@@ -1,0 +1,613 @@
+//! Toolsets (`/v1/toolsets`, `/v1/tools`): registering a RAP tool server by
+//! its discovery document, calling its tools by bare, qualified and versioned
+//! names, clashes, versions side by side, refresh, delete, refusals of bad
+//! documents and bad requests, and durability across a SIGKILL restart.
+
+use std::time::Duration;
+
+use ferry_tests::api::seg;
+use ferry_tests::tool::text_schema;
+use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
+use serde_json::{json, Value};
+
+/// Asserts an answer is the API's error shape with `status` and `code`, and
+/// returns its message.
+fn refused(answer: &(u16, Value), status: u16, code: &str) -> String {
+    let (got, body) = answer;
+    assert_eq!(*got, status, "expected {status} {code}, got {got}: {body}");
+    assert_eq!(body["error"]["code"], code, "wrong error code: {body}");
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("error without a message: {body}"));
+    assert!(!message.is_empty(), "empty error message: {body}");
+    message.to_owned()
+}
+
+/// Submits `operation` with `arguments` as call `id` of thread `group_id`.
+async fn call(
+    api: &Api,
+    group_id: &str,
+    id: &str,
+    operation: &str,
+    arguments: Value,
+) -> (u16, Value) {
+    api.submit(
+        json!({"operation": operation, "arguments": arguments, "group_id": group_id, "id": id}),
+    )
+    .await
+}
+
+/// A manifest for `tool`'s server: toolset `name` with `tools`, each taking
+/// the text schema.
+fn manifest(tool: &TestTool, name: &str, tools: &[&str]) -> Value {
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| json!({"name": t, "description": format!("{t} of {name}"), "inputSchema": text_schema()}))
+        .collect();
+    json!({"name": name, "endpoint": format!("{}/invoke", tool.url), "tools": tools})
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map_or_else(|| v["name"].as_str().unwrap().to_owned(), str::to_owned)
+        })
+        .collect()
+}
+
+/// Asserts no toolset is registered and no tool is callable but the built-in.
+async fn nothing_registered(api: &Api) {
+    let (status, body) = api.get("/v1/toolsets").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["toolsets"],
+        json!([]),
+        "a toolset was registered: {body}"
+    );
+    let (status, body) = api.get("/v1/tools").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(names(&body["tools"]), ["cancel_subscription"], "{body}");
+}
+
+/// Asserts the thread was never created.
+async fn no_thread(api: &Api, group_id: &str) {
+    let answer = api.thread(group_id).await;
+    refused(&answer, 404, "not_found");
+    assert!(api.events(group_id, 0).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registered_tool_is_listed_and_callable_by_every_name() {
+    let tool = TestTool::start("Calc", &["add", "mul"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    nothing_registered(&api).await;
+
+    // rap-3: "the runtime fetches `GET {base}/.well-known/rap-toolset`".
+    let (status, reg) = api.register(&tool.url).await;
+    assert_eq!(status, 201, "{reg}");
+    assert_eq!(reg["name"], "Calc");
+    assert_eq!(reg["version"], "1.0.0");
+    assert_eq!(reg["url"], tool.url);
+    assert_eq!(reg["endpoint"], format!("{}/invoke", tool.url));
+    assert_eq!(names(&reg["tools"]), ["add", "mul"]);
+    assert_eq!(reg["tools"][0]["qualified"], "Calc.add@1.0.0");
+    assert_eq!(reg["tools"][0]["inputSchema"], text_schema());
+    assert_eq!(reg["available"], json!(["add", "mul"]));
+    assert_eq!(reg["unavailable"], json!([]));
+
+    let (status, list) = api.get("/v1/toolsets").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(names(&list["toolsets"]), ["Calc"]);
+    assert_eq!(list["toolsets"][0]["version"], "1.0.0");
+
+    let (status, one) = api.get("/v1/toolsets/Calc").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["name"], "Calc");
+    assert_eq!(one["latest"]["version"], "1.0.0");
+    assert_eq!(one["versions"].as_array().unwrap().len(), 1);
+    assert_eq!(names(&one["latest"]["tools"]), ["add", "mul"]);
+
+    let (status, tools) = api.get("/v1/tools").await;
+    assert_eq!(status, 200, "{tools}");
+    assert_eq!(
+        names(&tools["tools"]),
+        ["cancel_subscription", "add", "mul"]
+    );
+    let builtin = &tools["tools"][0];
+    assert_eq!(builtin["builtin"], true);
+    let add = &tools["tools"][1];
+    assert_eq!(add["qualified"], "Calc.add@1.0.0");
+    assert_eq!(add["toolset"], "Calc");
+    assert_eq!(add["bare_name_callable"], true);
+    assert_eq!(add["inputSchema"], text_schema());
+
+    for (i, operation) in ["add", "Calc.add", "Calc.add@1", "Calc.add@1.0.0"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("c{i}");
+        let (status, reply) = call(&api, "g", &id, operation, json!({"text": operation})).await;
+        assert_eq!(status, 202, "{operation}: {reply}");
+        let sent = tool.next_invocation().await.invocation;
+        assert_eq!(sent.id, id, "{operation}");
+        // rap-1: on the wire `operation` is the tool's own name.
+        assert_eq!(
+            sent.operation, "add",
+            "{operation} went out as {:?}",
+            sent.operation
+        );
+        assert_eq!(sent.arguments, json!({"text": operation}));
+        let (status, view) = api.call("g", &id).await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(
+            view["operation"], *operation,
+            "the call keeps the name the agent used"
+        );
+        assert_eq!(view["tool"], "Calc.add@1.0.0");
+    }
+    assert_eq!(tool.invocations().len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_servers_given_on_the_command_line_are_registered_at_start() {
+    let tool = TestTool::start("Boot", &["hello"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    // Registered before Ferry announced its address: no waiting needed.
+    let (status, one) = api.get("/v1/toolsets/Boot").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["latest"]["url"], tool.url);
+    assert_eq!(names(&one["latest"]["tools"]), ["hello"]);
+    let (status, reply) = call(&api, "g", "c1", "hello", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    let sent = tool.next_invocation().await.invocation;
+    assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("hello", "c1"));
+}
+
+/// Serves `manifest` (toolset `Bad`, which also lists a valid tool `ok`),
+/// and asserts registering it is refused 422 `invalid_toolset` and leaves
+/// nothing registered. Returns the error message.
+async fn invalid_document_registers_nothing(manifest: Value) -> String {
+    let tool = TestTool::with_manifest(manifest).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let answer = api.register(&tool.url).await;
+    let message = refused(&answer, 422, "invalid_toolset");
+    // rap-3: "Validation is all-or-nothing: an invalid toolset makes none
+    // of its tools available."
+    refused(&api.get("/v1/toolsets/Bad").await, 404, "not_found");
+    nothing_registered(&api).await;
+    for operation in ["ok", "Bad.ok", "Bad.ok@1"] {
+        let answer = call(&api, "g", "c1", operation, json!({})).await;
+        refused(&answer, 400, "unknown_tool");
+    }
+    no_thread(&api, "g").await;
+    assert!(tool.invocations().is_empty());
+    message
+}
+
+fn ok_tool() -> Value {
+    json!({"name": "ok", "description": "a valid tool", "inputSchema": text_schema()})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_without_an_input_schema_invalidates_the_toolset() {
+    // rap-3: "Each tool: `name` ..., `description`, `inputSchema` (a JSON
+    // Schema object ...)".
+    let message = invalid_document_registers_nothing(json!({
+        "name": "Bad",
+        "tools": [ok_tool(), {"name": "schemaless", "description": "no inputSchema"}]
+    }))
+    .await;
+    assert!(message.contains("inputSchema"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalid_tool_name_invalidates_the_toolset() {
+    // rap-3: tool `name` is "1–128 chars; letters, digits, `_`, `-`".
+    let message = invalid_document_registers_nothing(json!({
+        "name": "Bad",
+        "tools": [ok_tool(), {"name": "bad name!", "description": "d", "inputSchema": text_schema()}]
+    }))
+    .await;
+    assert!(message.contains("bad name!"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_tool_list_is_refused() {
+    // rap-3: "`tools` (≥1)".
+    let tool = TestTool::with_manifest(json!({"name": "Bad", "tools": []})).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    refused(&api.register(&tool.url).await, 422, "invalid_toolset");
+    refused(&api.get("/v1/toolsets/Bad").await, 404, "not_found");
+    nothing_registered(&api).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_object_input_schema_invalidates_the_toolset() {
+    // rap-3: "`inputSchema` (a JSON Schema object ...)".
+    let message = invalid_document_registers_nothing(json!({
+        "name": "Bad",
+        "tools": [ok_tool(), {"name": "stringly", "description": "d", "inputSchema": "object"}]
+    }))
+    .await;
+    assert!(message.contains("stringly"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endpoint_that_is_not_a_url_invalidates_the_toolset() {
+    // rap-3: "`endpoint` (required, a valid URL; invocations go there)".
+    let message = invalid_document_registers_nothing(json!({
+        "name": "Bad",
+        "endpoint": "not a url",
+        "tools": [ok_tool()]
+    }))
+    .await;
+    assert!(message.contains("endpoint"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clashing_tool_name_is_callable_only_when_qualified() {
+    let alpha = TestTool::start("Alpha", &["search", "alpha_only"]).await;
+    let beta = TestTool::start("Beta", &["search"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+
+    let (status, first) = api.register(&alpha.url).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["available"], json!(["search", "alpha_only"]));
+
+    // rap-3: "Tool names MUST be unique across loaded toolsets; on a clash
+    // the runtime reports an error and makes neither tool available."
+    let (status, second) = api.register(&beta.url).await;
+    assert_eq!(status, 201, "{second}");
+    assert_eq!(second["available"], json!([]), "{second}");
+    let unavailable = second["unavailable"].as_array().unwrap();
+    assert_eq!(unavailable.len(), 1, "{second}");
+    assert_eq!(unavailable[0]["tool"], "search");
+    let reason = unavailable[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("Alpha") && reason.contains("Beta"),
+        "{reason}"
+    );
+
+    // Alpha's view now reports the clash too; its other tool is unaffected.
+    let (_, alpha_view) = api.get("/v1/toolsets/Alpha").await;
+    assert_eq!(
+        alpha_view["latest"]["available"],
+        json!(["alpha_only"]),
+        "{alpha_view}"
+    );
+    assert_eq!(alpha_view["latest"]["unavailable"][0]["tool"], "search");
+    let (_, tools) = api.get("/v1/tools").await;
+    for tool in tools["tools"].as_array().unwrap() {
+        if tool["name"] == "search" {
+            assert_eq!(tool["bare_name_callable"], false, "{tool}");
+        }
+    }
+
+    let answer = call(&api, "g", "c1", "search", json!({})).await;
+    let message = refused(&answer, 400, "ambiguous_tool");
+    assert!(
+        message.contains("Alpha") && message.contains("Beta"),
+        "{message}"
+    );
+    refused(&api.call("g", "c1").await, 404, "not_found");
+    no_thread(&api, "g").await;
+
+    let (status, reply) = call(&api, "g", "c2", "Alpha.search", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    let sent = alpha.next_invocation().await.invocation;
+    assert_eq!(
+        (sent.operation.as_str(), sent.id.as_str()),
+        ("search", "c2")
+    );
+    let (status, reply) = call(&api, "g", "c3", "Beta.search@1", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    let sent = beta.next_invocation().await.invocation;
+    assert_eq!(
+        (sent.operation.as_str(), sent.id.as_str()),
+        ("search", "c3")
+    );
+    let (status, reply) = call(&api, "g", "c4", "alpha_only", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(alpha.next_invocation().await.invocation.id, "c4");
+    // The refused bare call never reached either tool.
+    assert!(alpha.invocations().iter().all(|i| i.id != "c1"));
+    assert!(beta.invocations().iter().all(|i| i.id != "c1"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_of_a_toolset_live_side_by_side() {
+    let tool = TestTool::start("Svc", &["old"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let (status, v1) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "version": "1.0.0"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v1}");
+    assert_eq!(v1["version"], "1.0.0");
+
+    // Version 2 adds `new` and makes `old` require `text`.
+    let mut v2_manifest = manifest(&tool, "Svc", &["old", "new"]);
+    v2_manifest["tools"][0]["inputSchema"]["required"] = json!(["text"]);
+    tool.set_manifest(v2_manifest);
+    let (status, v2) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "version": "2.0.0"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v2}");
+    assert_eq!(v2["version"], "2.0.0");
+    assert_eq!(names(&v2["tools"]), ["old", "new"]);
+    assert_eq!(v2["tools"][1]["qualified"], "Svc.new@2.0.0");
+    assert_eq!(v2["available"], json!(["old", "new"]));
+
+    let (status, both) = api.get("/v1/toolsets/Svc").await;
+    assert_eq!(status, 200, "{both}");
+    let versions: Vec<&str> = both["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions, ["1.0.0", "2.0.0"]);
+    assert_eq!(both["latest"]["version"], "2.0.0");
+    assert_eq!(
+        names(&both["versions"][0]["tools"]),
+        ["old"],
+        "1.0.0 keeps its tools"
+    );
+
+    // `@1` is 1.0.0's tool set: its `old` does not require `text`.
+    let (status, reply) = call(&api, "g", "v1", "Svc.old@1", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    let sent = tool.next_invocation().await.invocation;
+    assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("old", "v1"));
+    assert_eq!(api.call("g", "v1").await.1["tool"], "Svc.old@1.0.0");
+
+    // Bare and unversioned names go to the latest, 2.0.0.
+    let answer = call(&api, "g", "bare-bad", "old", json!({})).await;
+    refused(&answer, 422, "invalid_arguments");
+    for (id, operation) in [
+        ("bare", "old"),
+        ("unversioned", "Svc.old"),
+        ("v2", "Svc.old@2"),
+    ] {
+        let (status, reply) = call(&api, "g", id, operation, json!({"text": "x"})).await;
+        assert_eq!(status, 202, "{operation}: {reply}");
+        let sent = tool.next_invocation().await.invocation;
+        assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("old", id));
+        assert_eq!(
+            api.call("g", id).await.1["tool"],
+            "Svc.old@2.0.0",
+            "{operation}"
+        );
+    }
+    let (status, reply) = call(&api, "g", "new", "new", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(tool.next_invocation().await.invocation.operation, "new");
+    assert_eq!(api.call("g", "new").await.1["tool"], "Svc.new@2.0.0");
+
+    // 1.0.0 never had `new`.
+    let answer = call(&api, "g", "new-v1", "Svc.new@1", json!({})).await;
+    refused(&answer, 400, "unknown_tool");
+    refused(&api.call("g", "new-v1").await, 404, "not_found");
+    refused(&api.call("g", "bare-bad").await, 404, "not_found");
+    let ids: Vec<String> = tool.invocations().into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["v1", "bare", "unversioned", "v2", "new"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refresh_picks_up_a_changed_manifest() {
+    let tool = TestTool::start("Live", &["one"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    assert_eq!(api.register(&tool.url).await.0, 201);
+    refused(
+        &call(&api, "g", "c1", "two", json!({})).await,
+        400,
+        "unknown_tool",
+    );
+
+    tool.set_manifest(manifest(&tool, "Live", &["one", "two"]));
+    // Nothing changes until the refresh.
+    refused(
+        &call(&api, "g", "c1", "two", json!({})).await,
+        400,
+        "unknown_tool",
+    );
+    let (status, refreshed) = api.post("/v1/toolsets/Live/refresh", &json!({})).await;
+    assert_eq!(status, 200, "{refreshed}");
+    assert_eq!(refreshed["version"], "1.0.0");
+    assert_eq!(names(&refreshed["tools"]), ["one", "two"]);
+    assert_eq!(refreshed["available"], json!(["one", "two"]));
+    let (_, one) = api.get("/v1/toolsets/Live").await;
+    assert_eq!(
+        one["versions"].as_array().unwrap().len(),
+        1,
+        "refresh replaces, not adds: {one}"
+    );
+
+    let (status, reply) = call(&api, "g", "c2", "two", json!({"text": "hi"})).await;
+    assert_eq!(status, 202, "{reply}");
+    let sent = tool.next_invocation().await.invocation;
+    assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("two", "c2"));
+
+    // A refresh that finds an invalid document, or no server, changes
+    // nothing: the registered tools stay callable.
+    let mut broken = manifest(&tool, "Live", &["one", "two", "three"]);
+    broken["tools"][2] = json!({"name": "three", "description": "no inputSchema"});
+    tool.set_manifest(broken);
+    let answer = api.post("/v1/toolsets/Live/refresh", &json!({})).await;
+    refused(&answer, 422, "invalid_toolset");
+    tool.stop();
+    // A keep-alive connection may outlive the stop for a moment; poll until
+    // the server is really gone (each refresh in between is refused too).
+    let answer = ferry_tests::eventually(
+        "the tool server to stop",
+        Duration::from_secs(10),
+        || async {
+            let answer = api.post("/v1/toolsets/Live/refresh", &json!({})).await;
+            (answer.0 != 422).then_some(answer)
+        },
+    )
+    .await;
+    refused(&answer, 502, "toolset_unreachable");
+    let (status, one) = api.get("/v1/toolsets/Live").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(names(&one["latest"]["tools"]), ["one", "two"]);
+    refused(
+        &call(&api, "g", "c3", "three", json!({})).await,
+        400,
+        "unknown_tool",
+    );
+
+    let answer = api.post("/v1/toolsets/Nope/refresh", &json!({})).await;
+    refused(&answer, 404, "not_found");
+    refused(&api.get("/v1/toolsets/Nope").await, 404, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_toolset_is_gone() {
+    let tool = TestTool::start("Gone", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    assert_eq!(api.register(&tool.url).await.0, 201);
+    let (status, reply) = call(&api, "g", "before", "op", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(tool.next_invocation().await.invocation.id, "before");
+
+    let (status, removed) = api.delete("/v1/toolsets/Gone").await;
+    assert_eq!(status, 200, "{removed}");
+    assert_eq!(removed, json!({"name": "Gone", "removed_versions": 1}));
+    refused(&api.get("/v1/toolsets/Gone").await, 404, "not_found");
+    nothing_registered(&api).await;
+    for (id, operation) in [("a", "op"), ("b", "Gone.op"), ("c", "Gone.op@1")] {
+        refused(
+            &call(&api, "g", id, operation, json!({})).await,
+            400,
+            "unknown_tool",
+        );
+        refused(&api.call("g", id).await, 404, "not_found");
+    }
+    let events = api.events("g", 0).await;
+    assert!(events.iter().all(|e| e["id"] == "before"), "{events:?}");
+
+    refused(&api.delete("/v1/toolsets/Gone").await, 404, "not_found");
+    refused(&api.delete("/v1/toolsets/Never").await, 404, "not_found");
+    assert_eq!(tool.invocations().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_tool_server_is_a_bad_gateway() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let answer = api.register(&format!("http://127.0.0.1:{port}")).await;
+    refused(&answer, 502, "toolset_unreachable");
+    nothing_registered(&api).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_registration_requests_are_refused_and_change_nothing() {
+    let tool = TestTool::start("Fine", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+
+    refused(&api.register("not a url").await, 400, "invalid_request");
+    refused(
+        &api.register("ftp://127.0.0.1/").await,
+        400,
+        "invalid_request",
+    );
+    let answer = api.post_raw("/v1/toolsets", br#"{"url": "#.to_vec()).await;
+    refused(&answer, 400, "invalid_json");
+    // The URL is fine: only the unknown field is wrong.
+    let answer = api
+        .post("/v1/toolsets", &json!({"url": tool.url, "colour": "red"}))
+        .await;
+    refused(&answer, 400, "invalid_request");
+    refused(
+        &api.post("/v1/toolsets", &json!({})).await,
+        400,
+        "invalid_request",
+    );
+    refused(
+        &api.post("/v1/toolsets", &json!({"url": 7})).await,
+        400,
+        "invalid_request",
+    );
+    let answer = api
+        .post("/v1/toolsets", &json!({"url": tool.url, "version": "one"}))
+        .await;
+    refused(&answer, 400, "invalid_request");
+    nothing_registered(&api).await;
+    refused(&api.get("/v1/toolsets/Fine").await, 404, "not_found");
+
+    // The same server registers once the request is well formed.
+    let (status, reg) = api.register(&tool.url).await;
+    assert_eq!(status, 201, "{reg}");
+    assert_eq!(reg["name"], "Fine");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn toolsets_survive_a_restart() {
+    let kept = TestTool::start("Kept", &["keep"]).await;
+    let dropped = TestTool::start("Dropped", &["drop"]).await;
+    let mut ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    assert_eq!(api.register(&kept.url).await.0, 201);
+    let (status, v2) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": kept.url, "version": "2.0.0"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v2}");
+    assert_eq!(api.register(&dropped.url).await.0, 201);
+    assert_eq!(api.delete("/v1/toolsets/Dropped").await.0, 200);
+
+    ferry.restart().await;
+    let api = ferry.api();
+
+    let (status, one) = api.get("/v1/toolsets/Kept").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["versions"].as_array().unwrap().len(), 2, "{one}");
+    refused(
+        &api.get(&format!("/v1/toolsets/{}", seg("Dropped"))).await,
+        404,
+        "not_found",
+    );
+    refused(
+        &call(&api, "g", "d", "drop", json!({})).await,
+        400,
+        "unknown_tool",
+    );
+
+    for (id, operation) in [("c1", "keep"), ("c2", "Kept.keep@1")] {
+        let (status, reply) = call(&api, "g", id, operation, json!({"text": "after"})).await;
+        assert_eq!(status, 202, "{operation}: {reply}");
+        let sent = kept.next_invocation().await.invocation;
+        assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("keep", id));
+    }
+    assert_eq!(api.call("g", "c1").await.1["tool"], "Kept.keep@2.0.0");
+    assert_eq!(api.call("g", "c2").await.1["tool"], "Kept.keep@1.0.0");
+    assert!(dropped.invocations().is_empty());
+}
