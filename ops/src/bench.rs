@@ -1,0 +1,631 @@
+//! `ferry bench`: the whole path (submit, dispatch to a RAP tool on loopback,
+//! callback, result readable) against a baseline measured in the same run —
+//! the same client talking RAP directly to the same tool, nothing durable.
+//!
+//! Everything runs in this one process: the instant tool, the baseline's
+//! callback receiver, a real Ferry (`serve::start` on sled in a temporary
+//! directory, fsync group commit included) and the callers. The figures are
+//! therefore ratios on one machine, not absolute capacities.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferry_proto::api::{Event, EventKind, SubmitCall, SubmitReply};
+use ferry_proto::rap::{Callback, Invocation, Manifest, ToolDef, ToolResult};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use crate::serve::{start, ServeOptions};
+
+/// The issue's target: Ferry's throughput at 64 callers is at least this
+/// fraction of the baseline's.
+pub const TARGET_RATIO: f64 = 0.25;
+/// The caller count the target is stated for.
+pub const TARGET_CALLERS: usize = 64;
+/// Longest a single call may take before it counts as an error; generous,
+/// so that a slow call shows in p99 rather than as an error.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The toolset and tool the bench registers and calls.
+const TOOLSET: &str = "bench";
+const TOOL: &str = "echo";
+
+/// `ferry bench` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Seconds measured per run (each of baseline and Ferry, per level).
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Seconds of unmeasured calls before each measured run.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Concurrent callers per level, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub concurrency: Vec<usize>,
+    /// Print the results as JSON instead of a Markdown table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the bench and prints its report; the exit status does not depend on
+/// the ratio, because this is a measurement, not a test.
+pub async fn main(args: BenchArgs) -> anyhow::Result<()> {
+    let report = run(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.markdown());
+    }
+    Ok(())
+}
+
+/// What one side (baseline or Ferry) did at one caller count.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// Calls completed inside the measured window.
+    pub calls: u64,
+    pub errors: u64,
+    pub calls_per_sec: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+}
+
+/// One concurrency level: the baseline beside Ferry.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub callers: usize,
+    pub baseline: Stats,
+    pub ferry: Stats,
+    /// Ferry's calls/s over the baseline's.
+    pub ratio: f64,
+}
+
+/// Every level, with the run's parameters.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    /// Whether the target level met the ratio; `None` if it was not run.
+    pub fn target_met(&self) -> Option<bool> {
+        let row = self.rows.iter().find(|r| r.callers == TARGET_CALLERS)?;
+        Some(row.ratio >= TARGET_RATIO)
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "duration_s": self.duration.as_secs_f64(),
+            "warmup_s": self.warmup.as_secs_f64(),
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "rows": self.rows,
+            "target": {
+                "callers": TARGET_CALLERS,
+                "min_ratio": TARGET_RATIO,
+                "met": self.target_met(),
+            },
+        })
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(
+            "| callers | baseline calls/s | ferry calls/s | ratio | baseline p50/p99 ms | ferry p50/p99 ms |\n\
+             |---:|---:|---:|---:|---:|---:|\n",
+        );
+        for r in &self.rows {
+            out += &format!(
+                "| {} | {:.0} | {:.0} | {:.2} | {} | {} |\n",
+                r.callers,
+                r.baseline.calls_per_sec,
+                r.ferry.calls_per_sec,
+                r.ratio,
+                latency(&r.baseline),
+                latency(&r.ferry),
+            );
+        }
+        out += "\n";
+        for r in &self.rows {
+            for (side, s) in [("baseline", &r.baseline), ("ferry", &r.ferry)] {
+                if s.errors > 0 {
+                    out += &format!(
+                        "{} callers, {side}: {} errors (first: {})\n",
+                        r.callers,
+                        s.errors,
+                        s.first_error.as_deref().unwrap_or("?")
+                    );
+                }
+            }
+        }
+        out += &match self.target_met() {
+            Some(met) => format!(
+                "Target (ferry >= {TARGET_RATIO} x baseline calls/s at {TARGET_CALLERS} callers): {}\n",
+                if met { "met" } else { "NOT met" }
+            ),
+            None => format!("Target not measured: no run at {TARGET_CALLERS} callers.\n"),
+        };
+        out
+    }
+}
+
+/// `p50 / p99` in milliseconds, or `-` when nothing completed.
+fn latency(s: &Stats) -> String {
+    match (s.p50_ms, s.p99_ms) {
+        (Some(p50), Some(p99)) => format!("{p50:.2} / {p99:.2}"),
+        _ => "-".to_owned(),
+    }
+}
+
+/// Nearest-rank percentile (`p` in 0..=100) of sorted samples: the smallest
+/// sample with at least `p`% of the samples at or below it.
+pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Reads a seconds argument; `zero_ok` for the warmup, which may be skipped.
+fn secs(name: &str, value: f64, zero_ok: bool) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| zero_ok || !d.is_zero())
+        .with_context(|| format!("{name} must be a positive number of seconds, got {value}"))
+}
+
+/// Starts the tool, the baseline receiver and Ferry, then measures each
+/// level: baseline first, then Ferry.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
+    let duration = secs("--duration", args.duration, false)?;
+    let warmup = secs("--warmup", args.warmup, true)?;
+    ensure!(
+        !args.concurrency.is_empty() && !args.concurrency.contains(&0),
+        "--concurrency needs caller counts of at least 1"
+    );
+    let http = client()?;
+    let tool = serve(tool_router(http.clone())).await?;
+    let receiver = Receiver::start().await?;
+    let data = tempfile::Builder::new().prefix("ferry-bench-").tempdir()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse()?,
+        data: data.path().to_owned(),
+        tool_servers: vec![format!("http://{tool}")],
+        ..ServeOptions::default()
+    };
+    let (running, server) = start(options, None, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    let ferry = Ferry {
+        http: http.clone(),
+        base: format!("http://{}", running.addr),
+        run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+    };
+    ferry.check_registered().await?;
+    let baseline = Baseline {
+        http,
+        endpoint: format!("http://{tool}/invoke"),
+        receiver,
+    };
+    let mut rows = Vec::new();
+    for &callers in &args.concurrency {
+        let b = baseline.clone();
+        let base = drive(callers, warmup, duration, move |c, n| b.clone().call(c, n)).await;
+        let f = ferry.clone();
+        let fer = drive(callers, warmup, duration, move |c, n| {
+            f.clone().call(callers, c, n)
+        })
+        .await;
+        let ratio = if base.calls_per_sec > 0.0 {
+            fer.calls_per_sec / base.calls_per_sec
+        } else {
+            0.0
+        };
+        rows.push(Row {
+            callers,
+            baseline: base,
+            ferry: fer,
+            ratio,
+        });
+    }
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    Ok(Report {
+        duration,
+        warmup,
+        rows,
+    })
+}
+
+/// One HTTP client for every caller (and one for the tool's callbacks):
+/// pooled keep-alive connections, never a proxy, since all is loopback.
+fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .timeout(CALL_TIMEOUT)
+        .build()?)
+}
+
+/// Serves `router` on a fresh loopback port for the rest of the process.
+async fn serve(router: Router) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(addr)
+}
+
+/// What one caller did over its run.
+#[derive(Default)]
+struct Tally {
+    latencies: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// Runs `callers` concurrent loops of `call(caller, n)` for warmup plus
+/// duration. A call counts if it ends inside the measured window; its
+/// latency is from just before it started to its end. No new call starts
+/// once the window is over.
+async fn drive<F, Fut>(callers: usize, warmup: Duration, duration: Duration, call: F) -> Stats
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let begin = Instant::now() + warmup;
+    let end = begin + duration;
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                for n in 0.. {
+                    let started = Instant::now();
+                    if started >= end {
+                        break;
+                    }
+                    let outcome = call(caller, n).await;
+                    let ended = Instant::now();
+                    if ended < begin || ended > end {
+                        continue;
+                    }
+                    match outcome {
+                        Ok(()) => tally.latencies.push(ended - started),
+                        Err(e) => {
+                            tally.errors += 1;
+                            tally.first_error.get_or_insert_with(|| format!("{e:#}"));
+                        }
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut all = Tally::default();
+    for task in tasks {
+        let Ok(t) = task.await else { continue };
+        all.latencies.extend(t.latencies);
+        all.errors += t.errors;
+        all.first_error = all.first_error.or(t.first_error);
+    }
+    summarize(all, duration)
+}
+
+fn summarize(mut tally: Tally, duration: Duration) -> Stats {
+    tally.latencies.sort_unstable();
+    let ms = |p| percentile(&tally.latencies, p).map(|d| d.as_secs_f64() * 1e3);
+    Stats {
+        calls: tally.latencies.len() as u64,
+        errors: tally.errors,
+        calls_per_sec: tally.latencies.len() as f64 / duration.as_secs_f64(),
+        p50_ms: ms(50.0),
+        p99_ms: ms(99.0),
+        first_error: tally.first_error,
+    }
+}
+
+// ---------------------------------------------------------------- the tool
+
+/// The instant RAP tool: acks every invocation at once and sends the result
+/// straight away, so that what is measured is the path, not the tool.
+fn tool_router(http: reqwest::Client) -> Router {
+    Router::new()
+        .route("/.well-known/rap-toolset", get(manifest))
+        .route("/invoke", post(invoke))
+        .with_state(http)
+}
+
+/// The manifest names the endpoint by the `Host` the caller used.
+async fn manifest(headers: HeaderMap) -> Json<Manifest> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    Json(Manifest {
+        name: TOOLSET.to_owned(),
+        description: Some("Ferry's bench tool: answers at once.".to_owned()),
+        endpoint: format!("http://{host}/invoke"),
+        tools: vec![ToolDef {
+            name: TOOL.to_owned(),
+            description: "Answers with the given text, at once.".to_owned(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+            }),
+            annotations: None,
+            display_script: None,
+        }],
+        needs_migration: None,
+    })
+}
+
+/// Acks 200 and calls back in a spawned task (rap-1: never block the ack).
+async fn invoke(State(http): State<reqwest::Client>, body: Bytes) -> StatusCode {
+    let Ok(inv) = serde_json::from_slice::<Invocation>(&body) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    tokio::spawn(call_back(http, inv));
+    StatusCode::OK
+}
+
+/// POSTs the echo result to the invocation's callback URL; retried twice on
+/// a transport error or 5xx so that a transient hiccup is not a lost call.
+async fn call_back(http: reqwest::Client, inv: Invocation) {
+    let text = match inv.arguments.get("text").and_then(Value::as_str) {
+        Some(t) if inv.operation == TOOL => t.to_owned(),
+        _ => format!("Error: the bench tool only has {TOOL}(text)"),
+    };
+    let result = Callback::ToolResult(ToolResult {
+        group_id: inv.group_id,
+        id: inv.id,
+        call_id: inv.call_id,
+        text: Some(text),
+        content: None,
+        display_as: None,
+        subscription: false,
+    });
+    for attempt in 1..=3 {
+        match http.post(&inv.callback_url).json(&result).send().await {
+            Ok(r) if !r.status().is_server_error() => return,
+            Ok(r) => tracing::warn!(status = %r.status(), attempt, "bench callback failed"),
+            Err(e) => tracing::warn!(error = %e, attempt, "bench callback failed"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ------------------------------------------------------------ the baseline
+
+/// Pending baseline calls by `id`, each woken when its callback arrives.
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>;
+
+/// The baseline's callback receiver: a loopback server that completes the
+/// pending call a `tool_result` names. It keeps nothing.
+#[derive(Clone)]
+struct Receiver {
+    url: String,
+    pending: Pending,
+}
+
+impl Receiver {
+    async fn start() -> anyhow::Result<Self> {
+        let pending = Pending::default();
+        let router = Router::new()
+            .route("/cb", post(receive))
+            .with_state(pending.clone());
+        let addr = serve(router).await?;
+        Ok(Self {
+            url: format!("http://{addr}/cb"),
+            pending,
+        })
+    }
+
+    fn expect(&self, id: &str) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(id.to_owned(), tx);
+        rx
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<()>>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Parses the callback as Ferry would and wakes the waiting caller.
+async fn receive(State(pending): State<Pending>, body: Bytes) -> StatusCode {
+    let Ok(callback) = Callback::from_slice(&body) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let Some(id) = callback.call_id() else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let waiter = pending.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    match waiter {
+        Some(tx) => {
+            let _ = tx.send(());
+            StatusCode::OK
+        }
+        None => StatusCode::NOT_FOUND,
+    }
+}
+
+/// A baseline caller: RAP straight to the tool, nothing durable.
+#[derive(Clone)]
+struct Baseline {
+    http: reqwest::Client,
+    endpoint: String,
+    receiver: Receiver,
+}
+
+impl Baseline {
+    /// Invocation, ack, callback received.
+    async fn call(self, caller: usize, n: u64) -> anyhow::Result<()> {
+        let id = format!("b{caller}-{n}");
+        let done = self.receiver.expect(&id);
+        let inv = Invocation {
+            operation: TOOL.to_owned(),
+            arguments: json!({"text": format!("hello {n}")}),
+            id: id.clone(),
+            call_id: None,
+            callback_url: self.receiver.url.clone(),
+            group_id: format!("baseline-{caller}"),
+            thread_ancestors: None,
+            user_id: None,
+        };
+        let outcome = async {
+            let r = self.http.post(&self.endpoint).json(&inv).send().await?;
+            ensure!(r.status() == StatusCode::OK, "tool answered {}", r.status());
+            tokio::time::timeout(CALL_TIMEOUT, done)
+                .await
+                .context("no callback in time")?
+                .context("callback waiter dropped")
+        }
+        .await;
+        if outcome.is_err() {
+            self.receiver.lock().remove(&id);
+        }
+        outcome
+    }
+}
+
+// --------------------------------------------------------------- Ferry
+
+/// A Ferry caller: the native API, each caller on its own thread.
+#[derive(Clone)]
+struct Ferry {
+    http: reqwest::Client,
+    base: String,
+    /// Keeps thread ids of separate runs apart.
+    run: String,
+}
+
+#[derive(Deserialize)]
+struct Page {
+    events: Vec<Event>,
+    next_after: u64,
+}
+
+impl Ferry {
+    /// Fails early, and clearly, if the bench toolset did not register.
+    async fn check_registered(&self) -> anyhow::Result<()> {
+        let tools: Value = self
+            .http
+            .get(format!("{}/v1/tools", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let text = tools.to_string();
+        ensure!(
+            text.contains(&format!("{TOOLSET}.{TOOL}")),
+            "the bench toolset is not registered with Ferry: {text}"
+        );
+        Ok(())
+    }
+
+    /// Submit, then long-poll the thread until the call's `tool_result`.
+    async fn call(self, level: usize, caller: usize, n: u64) -> anyhow::Result<()> {
+        let group_id = format!("bench-{}-{level}x-{caller}", self.run);
+        let id = format!("c{n}");
+        let submit = SubmitCall {
+            operation: format!("{TOOLSET}.{TOOL}"),
+            arguments: json!({"text": format!("hello {n}")}),
+            group_id: group_id.clone(),
+            id: Some(id.clone()),
+            call_id: None,
+            user_id: None,
+            thread_ancestors: None,
+        };
+        let r = self
+            .http
+            .post(format!("{}/v1/calls", self.base))
+            .json(&submit)
+            .send()
+            .await?;
+        ensure!(
+            r.status() == StatusCode::ACCEPTED,
+            "submit answered {}: {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+        let reply: SubmitReply = r.json().await?;
+        let deadline = Instant::now() + CALL_TIMEOUT;
+        let mut after = reply.seq;
+        while Instant::now() < deadline {
+            let page: Page = self
+                .http
+                .get(format!(
+                    "{}/v1/threads/{group_id}/events?after={after}&wait=10",
+                    self.base
+                ))
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            for event in &page.events {
+                if let (Some(eid), EventKind::ToolResult { is_error, text, .. }) =
+                    (&event.id, &event.kind)
+                {
+                    if *eid == id {
+                        ensure!(!is_error, "the call failed: {text}");
+                        return Ok(());
+                    }
+                }
+            }
+            after = page.next_after;
+        }
+        bail!("no tool_result for {group_id}/{id} in {CALL_TIMEOUT:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&m| Duration::from_millis(m))
+                .collect::<Vec<_>>()
+        };
+        let hundred: Vec<u64> = (1..=100).collect();
+        let cases: &[(&[u64], f64, Option<u64>)] = &[
+            (&[], 50.0, None),
+            (&[7], 0.0, Some(7)),
+            (&[7], 50.0, Some(7)),
+            (&[7], 99.0, Some(7)),
+            (&[1, 2], 50.0, Some(1)),
+            (&[1, 2], 51.0, Some(2)),
+            (&[1, 2, 3], 50.0, Some(2)),
+            (&hundred, 50.0, Some(50)),
+            (&hundred, 99.0, Some(99)),
+            (&hundred, 100.0, Some(100)),
+            (&hundred, 0.0, Some(1)),
+        ];
+        for &(samples, p, want) in cases {
+            assert_eq!(
+                percentile(&ms(samples), p),
+                want.map(Duration::from_millis),
+                "p{p} of {samples:?}"
+            );
+        }
+    }
+}
