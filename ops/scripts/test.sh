@@ -11,4 +11,4 @@ cargo build --workspace --bins --tests --quiet
 
 # Two cores: integration tests spawn processes; four test threads keep the
 # machine busy without starving the processes under test.
-cargo test --workspace -- --test-threads="${FERRY_TEST_THREADS:-4}"
+cargo test --workspace --no-fail-fast -- --test-threads="${FERRY_TEST_THREADS:-4}"

@@ -19,9 +19,10 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferry_proto::api::{Event, EventKind, SubmitCall, SubmitReply};
+use ferry_proto::api::{Event, EventKind, SubmitCall};
 use ferry_proto::rap::{Callback, Invocation, Manifest, ToolDef, ToolResult};
-use serde::{Deserialize, Serialize};
+use futures::StreamExt;
+use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -215,6 +216,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         http: http.clone(),
         base: format!("http://{}", running.addr),
         run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+        streams: Arc::default(),
     };
     ferry.check_registered().await?;
     let baseline = Baseline {
@@ -505,19 +507,54 @@ impl Baseline {
 
 // --------------------------------------------------------------- Ferry
 
-/// A Ferry caller: the native API, each caller on its own thread.
+/// A Ferry caller: the native API, each caller on its own thread, reading
+/// results the way an agent following its thread does: one SSE stream per
+/// thread, opened before the first call and kept.
 #[derive(Clone)]
 struct Ferry {
     http: reqwest::Client,
     base: String,
     /// Keeps thread ids of separate runs apart.
     run: String,
+    /// Each caller's open stream, by `(level, caller)`.
+    streams: Arc<Mutex<HashMap<(usize, usize), StreamSlot>>>,
 }
 
-#[derive(Deserialize)]
-struct Page {
-    events: Vec<Event>,
-    next_after: u64,
+/// A caller's stream, opened on its first call.
+type StreamSlot = Arc<tokio::sync::Mutex<Option<EventStream>>>;
+
+/// The events of one thread, read from `GET /v1/threads/{g}/stream`.
+struct EventStream {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    buf: Vec<u8>,
+}
+
+impl EventStream {
+    async fn open(http: &reqwest::Client, url: String) -> anyhow::Result<Self> {
+        let response = http.get(url).send().await?.error_for_status()?;
+        Ok(Self {
+            body: Box::pin(response.bytes_stream()),
+            buf: Vec::new(),
+        })
+    }
+
+    /// The next event on the stream (keep-alive comments skipped).
+    async fn next(&mut self) -> anyhow::Result<Event> {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let text = std::str::from_utf8(&block)?;
+                if let Some(data) = text.lines().find_map(|l| l.strip_prefix("data:")) {
+                    return Ok(serde_json::from_str(data.trim_start())?);
+                }
+                continue;
+            }
+            match self.body.next().await {
+                Some(chunk) => self.buf.extend_from_slice(&chunk?),
+                None => bail!("the event stream ended"),
+            }
+        }
+    }
 }
 
 impl Ferry {
@@ -539,9 +576,22 @@ impl Ferry {
         Ok(())
     }
 
-    /// Submit, then long-poll the thread until the call's `tool_result`.
+    /// Submit, then read the thread's stream until the call's `tool_result`.
     async fn call(self, level: usize, caller: usize, n: u64) -> anyhow::Result<()> {
         let group_id = format!("bench-{}-{level}x-{caller}", self.run);
+        let slot = self
+            .streams
+            .lock()
+            .expect("streams lock")
+            .entry((level, caller))
+            .or_default()
+            .clone();
+        let mut stream = slot.lock().await;
+        if stream.is_none() {
+            let url = format!("{}/v1/threads/{group_id}/stream", self.base);
+            *stream = Some(EventStream::open(&self.http, url).await?);
+        }
+        let stream = stream.as_mut().expect("opened above");
         let id = format!("c{n}");
         let submit = SubmitCall {
             operation: format!("{TOOLSET}.{TOOL}"),
@@ -564,22 +614,9 @@ impl Ferry {
             r.status(),
             r.text().await.unwrap_or_default()
         );
-        let reply: SubmitReply = r.json().await?;
-        let deadline = Instant::now() + CALL_TIMEOUT;
-        let mut after = reply.seq;
-        while Instant::now() < deadline {
-            let page: Page = self
-                .http
-                .get(format!(
-                    "{}/v1/threads/{group_id}/events?after={after}&wait=10",
-                    self.base
-                ))
-                .send()
-                .await?
-                .error_for_status()?
-                .json()
-                .await?;
-            for event in &page.events {
+        tokio::time::timeout(CALL_TIMEOUT, async {
+            loop {
+                let event = stream.next().await?;
                 if let (Some(eid), EventKind::ToolResult { is_error, text, .. }) =
                     (&event.id, &event.kind)
                 {
@@ -589,9 +626,9 @@ impl Ferry {
                     }
                 }
             }
-            after = page.next_after;
-        }
-        bail!("no tool_result for {group_id}/{id} in {CALL_TIMEOUT:?}")
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("no tool_result for {group_id}/{id} in {CALL_TIMEOUT:?}"))?
     }
 }
 

@@ -153,7 +153,9 @@ impl Engine {
                 drop(guard);
                 // Nothing new, but what the answer rests on (a call another
                 // request just wrote, say) must be durable before we answer.
-                self.store.flush().await?;
+                if !self.store.is_durable(group_id, state.meta.last_seq) {
+                    self.store.flush().await?;
+                }
                 return Ok(Executed {
                     decision,
                     events,

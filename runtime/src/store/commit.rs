@@ -1,6 +1,6 @@
 //! Group commit: concurrent flush requests share one fsync.
 
-use std::sync::Arc;
+use std::sync::Weak;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,16 +16,20 @@ impl GroupCommit {
     /// Starts the flusher task. Each round takes every request queued so far
     /// and answers all of them with one `sled::Db::flush`, which covers every
     /// write made before the round began.
-    pub fn start(db: sled::Db) -> Self {
+    ///
+    /// The task holds the database weakly: dropping the store closes sled
+    /// (and releases its directory lock) even while the task is parked.
+    pub fn start(db: Weak<sled::Db>) -> Self {
         let (requests, mut queue) = mpsc::unbounded_channel::<Reply>();
-        let db = Arc::new(db);
         tokio::spawn(async move {
             while let Some(first) = queue.recv().await {
                 let mut waiting = vec![first];
                 while let Ok(more) = queue.try_recv() {
                     waiting.push(more);
                 }
-                let db = db.clone();
+                let Some(db) = db.upgrade() else {
+                    return;
+                };
                 let outcome = tokio::task::spawn_blocking(move || db.flush())
                     .await
                     .map_err(|e| e.to_string())

@@ -53,6 +53,10 @@ pub trait Store: Send + Sync + 'static {
     /// Marks events up to `seq` of `group_id` durable: readers may see them.
     fn publish(&self, group_id: &str, seq: u64);
 
+    /// Whether the thread's state up to `seq` is durable (no write of it is
+    /// still waiting for a flush).
+    fn is_durable(&self, group_id: &str, seq: u64) -> bool;
+
     /// Durable events of the thread with sequence numbers above `after`.
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error>;
 

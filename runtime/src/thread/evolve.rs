@@ -95,6 +95,12 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     subscription,
                     origin,
                 } => {
+                    // A result from a call still queued proves an attempt
+                    // reached the tool; its acknowledgement, when it is
+                    // recorded later, then adds nothing.
+                    if call.status == CallStatus::Queued {
+                        call.attempts = call.attempts.max(1);
+                    }
                     call.result = Some(CallResult {
                         text: text.clone(),
                         content: content.clone(),

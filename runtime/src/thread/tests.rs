@@ -128,20 +128,21 @@ fn duplicate_results_record_one_outcome() {
         (result("c", "one", false), Ok(&["tool_result"])),
         (result("c", "one", false), Ok(&[])),
         (result("c", "another", false), Ok(&[])),
-        // The dispatch acknowledgement may arrive after the result.
-        (
-            Command::DispatchAcked {
-                id: "c".into(),
-                attempts: 1,
-            },
-            Ok(&["call_dispatched"]),
-        ),
+        // The acknowledgement may be recorded after the result: one attempt
+        // is already implied, so it adds nothing; more attempts do.
         (
             Command::DispatchAcked {
                 id: "c".into(),
                 attempts: 1,
             },
             Ok(&[]),
+        ),
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 3,
+            },
+            Ok(&["call_dispatched"]),
         ),
     ]);
 }
