@@ -20,7 +20,27 @@ pub fn binary() -> &'static Path {
             .expect("target/<profile>");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "-q", "-p", "ferry-ops", "--bin", "ferry"]);
+        // The same selection as `ops/scripts/test.sh` builds: features are
+        // unified over it, so this is a no-op when the binary is current
+        // (building `-p ferry-ops` alone would resolve other features and
+        // relink the binary every time).
+        build.args(["build", "-q", "--workspace", "--bins", "--tests"]);
+        // `cargo test` gives the test process its package's variables; a
+        // build script that watches one (ring watches CARGO_MANIFEST_DIR)
+        // would rerun, and everything above it rebuild.
+        for (name, _) in std::env::vars() {
+            let per_package = [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_",
+                "CARGO_TARGET_TMPDIR",
+            ];
+            if per_package.iter().any(|p| name.starts_with(p)) {
+                build.env_remove(name);
+            }
+        }
         if profile_dir.ends_with("release") {
             build.arg("--release");
         }
