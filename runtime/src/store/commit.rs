@@ -23,6 +23,11 @@ impl GroupCommit {
         let (requests, mut queue) = mpsc::unbounded_channel::<Reply>();
         tokio::spawn(async move {
             while let Some(first) = queue.recv().await {
+                // Let writers that are already running reach the queue, so
+                // one fsync serves more of them (costs no time when idle).
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
                 let mut waiting = vec![first];
                 while let Ok(more) = queue.try_recv() {
                     waiting.push(more);
