@@ -72,8 +72,20 @@ fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>> {
     }
     let fresh: [u8; 32] = rand::random();
     let tmp = data.join("secret.tmp");
-    std::fs::write(&tmp, fresh).context("writing the secret")?;
-    std::fs::File::open(&tmp)?.sync_all()?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Whoever reads the secret can forge callbacks: owner-only.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .context("writing the secret")?;
+        file.write_all(&fresh)?;
+        file.sync_all()?;
+    }
     std::fs::rename(&tmp, &path).context("installing the secret")?;
     Ok(fresh.to_vec())
 }
@@ -150,14 +162,13 @@ pub async fn start(
     tokio::spawn(checks);
 
     let app = ferry_runtime::http::router(engine.clone(), metrics);
-    let served_engine = engine.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serving HTTP")?;
-        info!("HTTP intake stopped; flushing");
-        drop(served_engine);
+        // Everything acknowledged was flushed before it was answered.
+        info!("HTTP intake stopped");
         Ok(())
     });
     info!(%addr, %public_url, "ferry listening");

@@ -39,7 +39,8 @@ impl LocalBus {
         }
     }
 
-    /// Sets the handler once; work published before this waits for it.
+    /// Sets the handler, once, before anything is published (publishing
+    /// without one is refused).
     pub fn set_handler(&self, handler: Handler) {
         if self.inner.handler.set(handler).is_err() {
             panic!("LocalBus handler set twice");
@@ -50,11 +51,13 @@ impl LocalBus {
 impl Inner {
     async fn drain(self: Arc<Self>, group_id: String, mut work: Work) {
         loop {
-            if let Some(handler) = self.handler.get() {
-                let permit = self.in_progress.acquire().await.expect("never closed");
-                handler(work).await;
-                drop(permit);
-            }
+            let handler = self
+                .handler
+                .get()
+                .expect("publish checks the handler is set");
+            let permit = self.in_progress.acquire().await.expect("never closed");
+            handler(work).await;
+            drop(permit);
             let mut queues = self.queues.lock().expect("bus lock");
             let queue = queues.get_mut(&group_id).expect("drainer owns its entry");
             match queue.pop_front() {
@@ -71,6 +74,11 @@ impl Inner {
 #[async_trait]
 impl Bus for LocalBus {
     async fn publish(&self, work: Work) -> Result<(), Error> {
+        if self.inner.handler.get().is_none() {
+            return Err(Error::Unavailable(
+                "no worker is attached to the bus".into(),
+            ));
+        }
         let group_id = work.group_id().to_owned();
         let mut queues = self.inner.queues.lock().expect("bus lock");
         if let Some(queue) = queues.get_mut(&group_id) {

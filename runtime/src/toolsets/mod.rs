@@ -29,6 +29,14 @@ pub struct StoredToolset {
 /// The name and schema of the built-in tool that cancels a subscription.
 pub const CANCEL_SUBSCRIPTION: &str = "cancel_subscription";
 
+/// The built-in tool's schema, compiled once.
+pub fn cancel_subscription_validator() -> &'static jsonschema::Validator {
+    static VALIDATOR: std::sync::OnceLock<jsonschema::Validator> = std::sync::OnceLock::new();
+    VALIDATOR.get_or_init(|| {
+        jsonschema::validator_for(&cancel_subscription_schema()).expect("built-in schema compiles")
+    })
+}
+
 pub fn cancel_subscription_schema() -> serde_json::Value {
     serde_json::json!({
         "type": "object",
