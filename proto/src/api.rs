@@ -44,6 +44,8 @@ pub struct SubmitReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallStatus {
+    /// Accepted and durable; waits for a reviewer before it is dispatched.
+    PendingApproval,
     /// Accepted and durable; not yet acknowledged by the tool.
     Queued,
     /// The tool acknowledged the invocation; Ferry waits for the callback.
@@ -60,6 +62,8 @@ pub enum CallStatus {
     Failed,
     /// The agent cancelled the call.
     Cancelled,
+    /// A reviewer, a standing grant or the approval timeout rejected it.
+    Rejected,
 }
 
 impl CallStatus {
@@ -71,9 +75,10 @@ impl CallStatus {
         )
     }
 
-    /// Whether Ferry still expects callbacks for the call.
+    /// Whether Ferry still has something to do for the call: time out its
+    /// approval, dispatch it, or take its callbacks.
     pub fn is_open(self) -> bool {
-        self.is_pending() || self == Self::Subscribed
+        self.is_pending() || matches!(self, Self::Subscribed | Self::PendingApproval)
     }
 }
 
@@ -169,6 +174,31 @@ pub enum EventKind {
         view_type: String,
         content: Value,
     },
+    /// The call waits for a reviewer until `deadline` (RFC 3339), when it
+    /// is rejected automatically.
+    ApprovalRequested {
+        tool: String,
+        arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_id: Option<String>,
+        options: Vec<PermissionOption>,
+        deadline: String,
+    },
+    /// A reviewer, a standing grant (`reviewer` = `grant:<group_id>`) or the
+    /// timeout (`reviewer` = `timeout`) decided. `tool` keys the grant an
+    /// `*_always` option records.
+    ApprovalDecided {
+        #[serde(rename = "optionId")]
+        option_id: PermissionKind,
+        tool: String,
+        reviewer: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// A standing grant for `tool` was revoked.
+    GrantRevoked {
+        tool: String,
+    },
     /// The agent cancelled a pending call. (Variants without data are empty
     /// structs so that every event carries a `payload`, `{}` here.)
     CallCancelled {},
@@ -187,6 +217,71 @@ pub struct ToolTarget {
     pub base_url: String,
     /// Where invocations are POSTed.
     pub endpoint: String,
+}
+
+/// The four ACP permission option kinds; an option's id is its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionKind {
+    AllowOnce,
+    AllowAlways,
+    RejectOnce,
+    RejectAlways,
+}
+
+impl PermissionKind {
+    pub const ALL: [PermissionKind; 4] = [
+        Self::AllowOnce,
+        Self::AllowAlways,
+        Self::RejectOnce,
+        Self::RejectAlways,
+    ];
+
+    pub fn allows(self) -> bool {
+        matches!(self, Self::AllowOnce | Self::AllowAlways)
+    }
+
+    /// Whether the decision is remembered as a grant for the tool.
+    pub fn is_standing(self) -> bool {
+        matches!(self, Self::AllowAlways | Self::RejectAlways)
+    }
+
+    pub fn id(self) -> &'static str {
+        match self {
+            Self::AllowOnce => "allow_once",
+            Self::AllowAlways => "allow_always",
+            Self::RejectOnce => "reject_once",
+            Self::RejectAlways => "reject_always",
+        }
+    }
+
+    pub fn parse(id: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.id() == id)
+    }
+
+    /// The ACP `PermissionOption` offered to reviewers.
+    pub fn option(self) -> PermissionOption {
+        let name = match self {
+            Self::AllowOnce => "Allow once",
+            Self::AllowAlways => "Always allow",
+            Self::RejectOnce => "Reject",
+            Self::RejectAlways => "Always reject",
+        };
+        PermissionOption {
+            option_id: self.id().to_owned(),
+            name: name.to_owned(),
+            kind: self,
+        }
+    }
+}
+
+/// An ACP `PermissionOption`: `{optionId, name, kind}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionOption {
+    #[serde(rename = "optionId")]
+    pub option_id: String,
+    pub name: String,
+    pub kind: PermissionKind,
 }
 
 /// Who produced a `tool_result` event.
@@ -208,6 +303,9 @@ impl EventKind {
             Self::OAuth { .. } => "oauth",
             Self::UserChoice { .. } => "user_choice",
             Self::ViewUpdate { .. } => "view_update",
+            Self::ApprovalRequested { .. } => "approval_requested",
+            Self::ApprovalDecided { .. } => "approval_decided",
+            Self::GrantRevoked { .. } => "grant_revoked",
             Self::CallCancelled {} => "call_cancelled",
             Self::SubscriptionCancelled {} => "subscription_cancelled",
             Self::ThreadClosed {} => "thread_closed",

@@ -93,5 +93,7 @@ pub(crate) fn status_name(status: CallStatus) -> &'static str {
         CallStatus::Completed => "completed",
         CallStatus::Failed => "failed",
         CallStatus::Cancelled => "cancelled",
+        CallStatus::PendingApproval => "pending_approval",
+        CallStatus::Rejected => "rejected",
     }
 }

@@ -181,6 +181,7 @@ fn new_call(
         thread_ancestors: req.thread_ancestors,
         tool,
         target,
+        gate: None,
     }
 }
 

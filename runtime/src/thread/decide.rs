@@ -1,10 +1,10 @@
 //! Commands and the decisions they produce. Every rule of the RAP callback
 //! table (`rap-3`) that depends on a call's state is here.
 
-use ferry_proto::api::{CallStatus, EventKind, ResultOrigin};
+use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::Callback;
 
-use super::state::{CallRecord, NewCall, ThreadState};
+use super::state::{grant_key, CallRecord, NewCall, ThreadState};
 use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT};
 
 /// Something asked of a thread.
@@ -44,6 +44,17 @@ pub enum Command {
     Lost {
         id: String,
     },
+    /// A reviewer (or the timeout) decides a pending approval.
+    Decide {
+        id: String,
+        option: PermissionKind,
+        reviewer: String,
+        reason: Option<String>,
+    },
+    /// Revokes the thread's standing grant for a tool (`Toolset.tool`).
+    Revoke {
+        tool: String,
+    },
 }
 
 impl Command {
@@ -56,9 +67,10 @@ impl Command {
             | Command::DispatchFailed { id, .. }
             | Command::Cancel { id }
             | Command::CancelSubscription { id }
-            | Command::Lost { id } => vec![id],
+            | Command::Lost { id }
+            | Command::Decide { id, .. } => vec![id],
             Command::Callback(cb) => cb.call_id().into_iter().collect(),
-            Command::Close => vec![],
+            Command::Close | Command::Revoke { .. } => vec![],
         }
     }
 }
@@ -127,6 +139,12 @@ pub enum Rejection {
     Finished { id: String, status: CallStatus },
     #[error("call {0:?} is not an active subscription of this thread")]
     NotSubscribed(String),
+    #[error("call {id:?} is {status:?}, not waiting for approval")]
+    NotPendingApproval { id: String, status: CallStatus },
+    #[error("call {0:?} was never dispatched: it waits for approval")]
+    NotDispatched(String),
+    #[error("this thread has no standing grant for {0:?}")]
+    NoGrant(String),
 }
 
 /// Decides what `command` does to `state`. Pure.
@@ -139,7 +157,9 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
         Command::DispatchAcked { id, attempts } => {
             let call = existing(state, id)?;
             Ok(match call.status {
-                CallStatus::Cancelled | CallStatus::Failed => Decision::nothing(Outcome::Ignored),
+                CallStatus::Cancelled | CallStatus::Failed | CallStatus::Rejected => {
+                    Decision::nothing(Outcome::Ignored)
+                }
                 _ if call.attempts >= *attempts && call.status != CallStatus::Queued => {
                     Decision::nothing(Outcome::Duplicate)
                 }
@@ -170,7 +190,9 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
         Command::Cancel { id } => {
             let call = existing(state, id)?;
             let kind = match call.status {
-                s if s.is_pending() => EventKind::CallCancelled {},
+                s if s.is_pending() || s == CallStatus::PendingApproval => {
+                    EventKind::CallCancelled {}
+                }
                 CallStatus::Subscribed => EventKind::SubscriptionCancelled {},
                 status => {
                     return Err(Rejection::Finished {
@@ -210,7 +232,67 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                 _ => Decision::nothing(Outcome::Ignored),
             })
         }
+        Command::Decide {
+            id,
+            option,
+            reviewer,
+            reason,
+        } => {
+            let call = existing(state, id)?;
+            if call.status != CallStatus::PendingApproval {
+                return Err(Rejection::NotPendingApproval {
+                    id: id.clone(),
+                    status: call.status,
+                });
+            }
+            Ok(Decision::applied(decided(
+                id,
+                &call.tool,
+                *option,
+                reviewer,
+                reason.clone(),
+            )))
+        }
+        Command::Revoke { tool } => {
+            if !state.meta.grants.contains_key(tool) {
+                return Err(Rejection::NoGrant(tool.clone()));
+            }
+            Ok(Decision::applied(vec![Change {
+                id: None,
+                kind: EventKind::GrantRevoked { tool: tool.clone() },
+            }]))
+        }
     }
+}
+
+/// The events of an approval decision: the decision, and for a rejection
+/// the result that ends the call so the agent can try something else.
+fn decided(
+    id: &str,
+    tool: &str,
+    option: PermissionKind,
+    reviewer: &str,
+    reason: Option<String>,
+) -> Vec<Change> {
+    let mut changes = vec![Change::of(
+        id,
+        EventKind::ApprovalDecided {
+            option_id: option,
+            tool: grant_key(tool).to_owned(),
+            reviewer: reviewer.to_owned(),
+            reason: reason.clone(),
+        },
+    )];
+    if !option.allows() {
+        let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
+        let text = if reviewer == "timeout" {
+            format!("Error: the call to {tool} was rejected: no reviewer approved it in time")
+        } else {
+            format!("Error: the call to {tool} was rejected by a reviewer{why}")
+        };
+        changes.push(failure(id, &text));
+    }
+    changes
 }
 
 fn existing<'s>(state: &'s ThreadState, id: &str) -> Result<&'s CallRecord, Rejection> {
@@ -262,7 +344,35 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
     if state.meta.closed {
         return Err(Rejection::ThreadClosed);
     }
-    Ok(Decision::applied(vec![accepted(call)]))
+    let mut changes = vec![accepted(call)];
+    if let Some(gate) = &call.gate {
+        // A standing decision of this thread wins over an ancestor's.
+        let own = state
+            .meta
+            .grants
+            .get(grant_key(&call.tool))
+            .map(|kind| (*kind, state.meta.group_id.clone()));
+        match own.or_else(|| gate.inherited.clone()) {
+            Some((kind, from)) => changes.extend(decided(
+                &call.id,
+                &call.tool,
+                kind,
+                &format!("grant:{from}"),
+                None,
+            )),
+            None => changes.push(Change::of(
+                &call.id,
+                EventKind::ApprovalRequested {
+                    tool: call.tool.clone(),
+                    arguments: call.arguments.clone(),
+                    user_id: call.user_id.clone(),
+                    options: PermissionKind::ALL.iter().map(|k| k.option()).collect(),
+                    deadline: gate.deadline.clone(),
+                },
+            )),
+        }
+    }
+    Ok(Decision::applied(changes))
 }
 
 fn cancel_subscription_tool(
@@ -307,6 +417,9 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
         .call_id()
         .expect("every callback but view_update names a call");
     let call = existing(state, id)?;
+    if call.status == CallStatus::PendingApproval {
+        return Err(Rejection::NotDispatched(id.to_owned()));
+    }
     let change = |kind| Ok(Decision::applied(vec![Change::of(id, kind)]));
     match cb {
         Callback::ToolResult(r) => match call.status {

@@ -3,6 +3,7 @@
 use ferry_proto::api::{CallResult, CallStatus, Event, EventKind, PendingChoice, ResultOrigin};
 
 use super::decide::Change;
+use super::state::ApprovalRecord;
 use super::state::{CallRecord, ThreadState};
 
 /// Numbers `changes` after the thread's last event, stamps them with `at`,
@@ -66,10 +67,15 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 choice: None,
                 subscription_events: 0,
                 subscription_ended: false,
+                approval_deadline: None,
+                approval: None,
             };
             state.calls.insert(id.to_owned(), record);
         }
         EventKind::ThreadClosed {} => meta.closed = true,
+        EventKind::GrantRevoked { tool } => {
+            meta.grants.remove(tool);
+        }
         EventKind::ViewUpdate { view_type, content } => {
             meta.views.insert(view_type.clone(), content.clone());
         }
@@ -110,6 +116,9 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     call.auth_url = None;
                     call.choice = None;
                     match origin {
+                        ResultOrigin::Ferry if call.status == CallStatus::Rejected => {
+                            CallStatus::Rejected
+                        }
                         ResultOrigin::Ferry => CallStatus::Failed,
                         ResultOrigin::Tool if *subscription && !call.subscription_ended => {
                             meta.active_subscriptions.insert(id.to_owned());
@@ -147,12 +156,39 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     });
                     CallStatus::AwaitingUser
                 }
+                EventKind::ApprovalRequested { deadline, .. } => {
+                    call.approval_deadline = Some(deadline.clone());
+                    CallStatus::PendingApproval
+                }
+                EventKind::ApprovalDecided {
+                    option_id,
+                    tool,
+                    reviewer,
+                    reason,
+                } => {
+                    if option_id.is_standing() {
+                        meta.grants.insert(tool.clone(), *option_id);
+                    }
+                    call.approval_deadline = None;
+                    call.approval = Some(ApprovalRecord {
+                        option_id: *option_id,
+                        reviewer: reviewer.clone(),
+                        reason: reason.clone(),
+                        at: event.at.clone(),
+                    });
+                    if option_id.allows() {
+                        CallStatus::Queued
+                    } else {
+                        CallStatus::Rejected
+                    }
+                }
                 EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {} => {
                     meta.active_subscriptions.remove(id);
                     CallStatus::Cancelled
                 }
                 EventKind::CallAccepted { .. }
                 | EventKind::ThreadClosed {}
+                | EventKind::GrantRevoked { .. }
                 | EventKind::ViewUpdate { .. } => unreachable!("handled above"),
             };
             if status != call.status {

@@ -11,7 +11,7 @@ mod state;
 
 pub use decide::{decide, Change, Command, Decision, Outcome, Rejection};
 pub use evolve::{apply, evolve};
-pub use state::{CallRecord, NewCall, ThreadMeta, ThreadState};
+pub use state::{grant_key, ApprovalRecord, CallRecord, Gate, NewCall, ThreadMeta, ThreadState};
 
 /// The text of the failure Ferry records when a tool server no longer knows
 /// a call it was sent (`rap-3`, recovery).

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use ferry_proto::api::{CallResult, CallStatus, PendingChoice, ToolTarget};
+use ferry_proto::api::{CallResult, CallStatus, PendingChoice, PermissionKind, ToolTarget};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -23,6 +23,11 @@ pub struct ThreadMeta {
     pub counts: BTreeMap<CallStatus, u64>,
     /// The latest `view_update` content per `view_type`.
     pub views: BTreeMap<String, Value>,
+    /// Standing `allow_always`/`reject_always` decisions, by tool
+    /// (`Toolset.tool`); they apply here and in threads that name this one
+    /// among their `thread_ancestors`.
+    #[serde(default)]
+    pub grants: BTreeMap<String, PermissionKind>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -56,6 +61,26 @@ pub struct CallRecord {
     pub subscription_events: u64,
     /// A `final` subscription event arrived (possibly before the result).
     pub subscription_ended: bool,
+    /// When a pending approval is rejected automatically (RFC 3339).
+    #[serde(default)]
+    pub approval_deadline: Option<String>,
+    /// How the approval gate was decided, when the tool is gated.
+    #[serde(default)]
+    pub approval: Option<ApprovalRecord>,
+}
+
+/// A decision of the approval gate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalRecord {
+    pub option_id: PermissionKind,
+    pub reviewer: String,
+    pub reason: Option<String>,
+    pub at: String,
+}
+
+/// The grant key of a qualified tool name: `Toolset.tool@1.0.0` → `Toolset.tool`.
+pub fn grant_key(tool: &str) -> &str {
+    tool.split('@').next().unwrap_or(tool)
 }
 
 impl CallRecord {
@@ -81,6 +106,18 @@ pub struct NewCall {
     pub thread_ancestors: Option<Vec<String>>,
     pub tool: String,
     pub target: Option<ToolTarget>,
+    /// Set when the tool is gated behind approval.
+    pub gate: Option<Gate>,
+}
+
+/// What the engine found out for a gated call before deciding: when an
+/// unanswered request times out, and any standing grant of an ancestor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    pub deadline: String,
+    /// The nearest ancestor's standing decision for the tool, and that
+    /// ancestor's `group_id`.
+    pub inherited: Option<(PermissionKind, String)>,
 }
 
 /// The metadata of a thread and the calls a command touches.

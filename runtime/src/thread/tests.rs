@@ -23,6 +23,7 @@ fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
             base_url: "http://tool".into(),
             endpoint: "http://tool/invoke".into(),
         }),
+        gate: None,
     }
 }
 
@@ -431,4 +432,147 @@ fn the_fold_of_the_log_rebuilds_the_state() {
         log.iter().map(|e| e.seq).collect::<Vec<_>>(),
         vec![1, 2, 3, 4, 5, 6]
     );
+}
+
+fn gated(id: &str, inherited: Option<(PermissionKind, &str)>) -> Command {
+    Command::Submit(NewCall {
+        gate: Some(Gate {
+            deadline: "2026-01-01T00:05:00Z".into(),
+            inherited: inherited.map(|(k, g)| (k, g.to_owned())),
+        }),
+        ..new_call(id, json!({}))
+    })
+}
+
+fn decide_as(id: &str, option: PermissionKind) -> Command {
+    Command::Decide {
+        id: id.into(),
+        option,
+        reviewer: "ana".into(),
+        reason: Some("looks fine".into()),
+    }
+}
+
+use ferry_proto::api::PermissionKind;
+
+#[test]
+fn a_gated_call_waits_for_one_decision() {
+    let state = check(vec![
+        (
+            gated("c", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            result("c", "too early", false),
+            Err(Rejection::NotDispatched("c".into())),
+        ),
+        (
+            decide_as("c", PermissionKind::AllowOnce),
+            Ok(&["approval_decided"]),
+        ),
+        (
+            decide_as("c", PermissionKind::RejectOnce),
+            Err(Rejection::NotPendingApproval {
+                id: "c".into(),
+                status: CallStatus::Queued,
+            }),
+        ),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Queued);
+    assert!(state.meta.grants.is_empty());
+    assert_eq!(state.calls["c"].approval.as_ref().unwrap().reviewer, "ana");
+}
+
+#[test]
+fn a_rejection_ends_the_call_with_an_error_result() {
+    let state = check(vec![
+        (
+            gated("c", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            decide_as("c", PermissionKind::RejectOnce),
+            Ok(&["approval_decided", "tool_result"]),
+        ),
+        (
+            Command::DispatchAcked {
+                id: "c".into(),
+                attempts: 1,
+            },
+            Ok(&[]),
+        ),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Rejected);
+    let result = state.calls["c"].result.as_ref().unwrap();
+    assert!(result.is_error && result.text.contains("rejected by a reviewer: looks fine"));
+}
+
+#[test]
+fn standing_grants_apply_to_later_calls_until_revoked() {
+    let state = check(vec![
+        (
+            gated("a", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            decide_as("a", PermissionKind::AllowAlways),
+            Ok(&["approval_decided"]),
+        ),
+        (gated("b", None), Ok(&["call_accepted", "approval_decided"])),
+        // This thread's own grant wins over an ancestor's.
+        (
+            gated("c", Some((PermissionKind::RejectAlways, "root"))),
+            Ok(&["call_accepted", "approval_decided"]),
+        ),
+        (
+            Command::Revoke {
+                tool: "demo.echo".into(),
+            },
+            Ok(&["grant_revoked"]),
+        ),
+        (
+            Command::Revoke {
+                tool: "demo.echo".into(),
+            },
+            Err(Rejection::NoGrant("demo.echo".into())),
+        ),
+        (
+            gated("d", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            gated("e", Some((PermissionKind::RejectAlways, "root"))),
+            Ok(&["call_accepted", "approval_decided", "tool_result"]),
+        ),
+    ]);
+    assert_eq!(status(&state, "b"), CallStatus::Queued);
+    assert_eq!(
+        state.calls["b"].approval.as_ref().unwrap().reviewer,
+        "grant:thread"
+    );
+    assert_eq!(status(&state, "c"), CallStatus::Queued);
+    assert_eq!(status(&state, "d"), CallStatus::PendingApproval);
+    assert_eq!(status(&state, "e"), CallStatus::Rejected);
+    assert_eq!(
+        state.calls["e"].approval.as_ref().unwrap().reviewer,
+        "grant:root"
+    );
+}
+
+#[test]
+fn a_pending_approval_can_be_cancelled_and_then_not_decided() {
+    check(vec![
+        (
+            gated("c", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (Command::Cancel { id: "c".into() }, Ok(&["call_cancelled"])),
+        (
+            decide_as("c", PermissionKind::AllowOnce),
+            Err(Rejection::NotPendingApproval {
+                id: "c".into(),
+                status: CallStatus::Cancelled,
+            }),
+        ),
+    ]);
 }
