@@ -137,6 +137,7 @@ pub async fn start(
         let worker = worker.clone();
         async move { worker.handle(work).await }.boxed()
     }));
+    engine.start_timers();
     ferry_runtime::metrics::describe();
     let loaded = engine.load_toolsets().await?;
     info!(toolsets = loaded, "toolsets loaded");
@@ -150,7 +151,7 @@ pub async fn start(
         None
     };
     for url in options.tool_servers.iter().chain(demo_url.iter()) {
-        match engine.register_toolset(url, None).await {
+        match engine.register_toolset(url, None, Default::default()).await {
             Ok(t) => {
                 info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered at start")
             }

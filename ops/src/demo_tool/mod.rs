@@ -13,8 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferry_proto::rap::{
-    Callback, CancelToolCall, CloseThread, DiffContent, DisplaySegment, Invocation, KnownSegment,
-    Manifest, OAuth, SubscriptionEvent, ToolCallStatus, ToolCallStatusReply, ToolDef, ToolResult,
+    Annotations, Callback, CancelToolCall, CloseThread, DiffContent, DisplaySegment, Invocation,
+    KnownSegment, Manifest, OAuth, SubscriptionEvent, ToolCallStatus, ToolCallStatusReply, ToolDef,
+    ToolResult,
 };
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -23,7 +24,7 @@ use tokio::sync::oneshot;
 
 /// Tries per callback POST; retried only on 5xx or a transport error.
 const CALLBACK_ATTEMPTS: u32 = 5;
-const TOOL_NAMES: [&str; 7] = [
+const TOOL_NAMES: [&str; 8] = [
     "echo",
     "sleep",
     "fail",
@@ -31,6 +32,7 @@ const TOOL_NAMES: [&str; 7] = [
     "ticks",
     "authorize",
     "diff",
+    "drop_table",
 ];
 
 /// The demo toolset server.
@@ -169,6 +171,19 @@ async fn manifest(headers: HeaderMap) -> Json<Manifest> {
             json!({"path": text("the file to edit")}),
             &["path"],
         ),
+        ToolDef {
+            // Destructive: Ferry gates it behind approval by default.
+            annotations: Some(Annotations {
+                destructive: Some(true),
+                ..Annotations::default()
+            }),
+            ..tool(
+                "drop_table",
+                "Pretends to drop a database table. Destructive: needs a reviewer's approval.",
+                json!({"table": text("the table to drop")}),
+                &["table"],
+            )
+        },
     ];
     Json(Manifest {
         name: "demo".to_owned(),
@@ -220,6 +235,11 @@ struct AuthorizeArgs {
 struct DiffArgs {
     path: String,
 }
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DropTableArgs {
+    table: String,
+}
 
 /// A validated invocation.
 enum Op {
@@ -230,6 +250,7 @@ enum Op {
     Ticks(TicksArgs),
     Authorize(AuthorizeArgs),
     Diff(DiffArgs),
+    DropTable(DropTableArgs),
 }
 
 /// Checks the operation and its arguments; the error becomes an `Error: `
@@ -262,6 +283,7 @@ fn parse_op(inv: &Invocation) -> Result<Op, String> {
         }
         "authorize" => Op::Authorize(args(inv)?),
         "diff" => Op::Diff(args(inv)?),
+        "drop_table" => Op::DropTable(args(inv)?),
         other => {
             return Err(format!(
                 "unknown operation {other:?}; the demo toolset has {}",
@@ -362,6 +384,13 @@ impl Call {
                     .await
             }
             Op::Authorize(a) => self.authorize(a.text).await,
+            Op::DropTable(DropTableArgs { table }) => {
+                self.finish(
+                    format!("Dropped table {table} (not really: this is the demo)"),
+                    None,
+                )
+                .await
+            }
             Op::Diff(DiffArgs { path }) => {
                 let patch = format!("--- {path}\n+++ {path}\n@@ -1,2 +1,3 @@\n fn main() {{\n+    println!(\"hello\");\n }}\n");
                 let display = vec![

@@ -70,7 +70,15 @@ impl Engine {
             })?;
             toolsets::check_arguments(&resolved.validator, &req.arguments)
                 .map_err(Error::InvalidArguments)?;
-            let call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
+            let gate = match resolved.approval_timeout {
+                Some(secs) => Some(
+                    self.gate(&resolved.qualified, secs, req.thread_ancestors.as_deref())
+                        .await?,
+                ),
+                None => None,
+            };
+            let mut call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
+            call.gate = gate;
             (Command::Submit(call), None)
         };
         let Executed {
@@ -94,7 +102,14 @@ impl Engine {
                 self.subscription_closed(&group_id, &cancelled);
             }
         } else {
-            self.enqueue(&group_id, call).await?;
+            match call.status {
+                CallStatus::Queued => self.enqueue(&group_id, call).await?,
+                CallStatus::PendingApproval => {
+                    info!(tool = %call.tool, deadline = call.approval_deadline.as_deref().unwrap_or(""), "approval requested");
+                    self.arm(&group_id, call);
+                }
+                _ => {}
+            }
         }
         Ok((Submitted::Created, reply(&group_id, call)))
     }

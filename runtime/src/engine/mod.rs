@@ -6,6 +6,7 @@
 //! **Invariant:** nothing is answered before it is durable (invariant 1):
 //! `execute` returns only after the store's flush.
 
+mod approvals;
 mod callbacks;
 pub mod calls;
 mod outcomes;
@@ -27,6 +28,7 @@ use crate::thread::{self, Command, Decision, Rejection, ThreadState};
 use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
 
+pub use approvals::TIMEOUT_REVIEWER;
 pub use toolsets::RegisteredToolset;
 
 /// Limits and addresses of the runtime.
@@ -77,6 +79,8 @@ pub enum Error {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    InvalidOption(String),
+    #[error("{0}")]
     ToolsetUnreachable(String),
     #[error("{0}")]
     InvalidToolset(String),
@@ -103,6 +107,9 @@ pub struct Engine {
     notifier: Notifier,
     client: reqwest::Client,
     locks: Vec<Mutex<()>>,
+    /// Where approval timeouts are armed; `start_timers` takes the queue.
+    timers: tokio::sync::mpsc::UnboundedSender<approvals::Timer>,
+    timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -121,7 +128,10 @@ impl Engine {
         caps: Capabilities,
         client: reqwest::Client,
     ) -> Self {
+        let (timers, timer_queue) = approvals::timer_channel();
         Self {
+            timers,
+            timer_queue: std::sync::Mutex::new(Some(timer_queue)),
             config,
             store,
             bus,

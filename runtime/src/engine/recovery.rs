@@ -42,6 +42,8 @@ impl Engine {
                     self.enqueue(&group_id, &call).await?;
                     requeued += 1;
                 }
+                // The deadline is stored with the call: re-arm it.
+                CallStatus::PendingApproval => self.arm(&group_id, &call),
                 status if status.is_open() => {
                     if status == CallStatus::Subscribed {
                         subscribed += 1;

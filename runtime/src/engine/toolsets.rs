@@ -7,7 +7,9 @@ use serde_json::Value;
 use tracing::info;
 
 use super::{now, Engine, Error};
-use crate::toolsets::{self, fetch_manifest, DiscoveryError, LoadedToolset, StoredToolset};
+use crate::toolsets::{
+    self, fetch_manifest, ApprovalPolicy, DiscoveryError, LoadedToolset, StoredToolset,
+};
 
 /// A registered toolset as the API shows it: what it holds, and which of
 /// its tools can be called by bare name.
@@ -20,6 +22,8 @@ pub struct RegisteredToolset {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub registered_at: String,
+    /// Ferry's approval policy for these tools.
+    pub policy: ApprovalPolicy,
     pub tools: Vec<ToolView>,
     /// Tools callable by bare name.
     pub available: Vec<String>,
@@ -38,6 +42,8 @@ pub struct ToolView {
     pub input_schema: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub annotations: Option<ferry_proto::rap::Annotations>,
+    /// `required` or `auto`, as the policy and annotations decide.
+    pub approval: toolsets::ApprovalMode,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,6 +74,7 @@ impl Engine {
         &self,
         url: &str,
         version: Option<&str>,
+        policy: ApprovalPolicy,
     ) -> Result<RegisteredToolset, Error> {
         let version = match version {
             Some(v) => Version::parse(v)
@@ -87,8 +94,35 @@ impl Engine {
             url,
             manifest,
             registered_at: now(),
+            policy,
         };
         self.install(stored).await
+    }
+
+    /// Changes the approval policy of one version, or of every version, of
+    /// a toolset, without fetching it again.
+    pub async fn set_policy(
+        &self,
+        name: &str,
+        version: Option<&Version>,
+        patch: &ApprovalPolicy,
+    ) -> Result<Vec<RegisteredToolset>, Error> {
+        let targets: Vec<_> = self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|t| t.stored.name == name && version.is_none_or(|v| *v == t.stored.version))
+            .collect();
+        if targets.is_empty() {
+            return Err(Error::NotFound(format!("no toolset {name:?}")));
+        }
+        let mut changed = vec![];
+        for target in targets {
+            let mut stored = target.stored.clone();
+            stored.policy.apply(patch);
+            changed.push(self.install(stored).await?);
+        }
+        Ok(changed)
     }
 
     /// Fetches a registered toolset again from where it came.
@@ -119,6 +153,7 @@ impl Engine {
             url,
             manifest,
             registered_at: now(),
+            policy: current.stored.policy.clone(),
         };
         self.install(stored).await
     }
@@ -216,6 +251,7 @@ impl Engine {
             endpoint: s.manifest.endpoint.clone(),
             description: s.manifest.description.clone(),
             registered_at: s.registered_at.clone(),
+            policy: s.policy.clone(),
             tools: s
                 .manifest
                 .tools
@@ -226,6 +262,11 @@ impl Engine {
                     description: t.description.clone(),
                     input_schema: t.input_schema.clone(),
                     annotations: t.annotations.clone(),
+                    approval: if s.policy.gate(t).is_some() {
+                        toolsets::ApprovalMode::Required
+                    } else {
+                        toolsets::ApprovalMode::Auto
+                    },
                 })
                 .collect(),
             available,

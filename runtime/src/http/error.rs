@@ -53,6 +53,7 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
         Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),
         Error::NotFound(_) => (S::NOT_FOUND, "not_found"),
+        Error::InvalidOption(_) => (S::UNPROCESSABLE_ENTITY, "invalid_option"),
         Error::ToolsetUnreachable(_) => (S::BAD_GATEWAY, "toolset_unreachable"),
         Error::InvalidToolset(_) => (S::UNPROCESSABLE_ENTITY, "invalid_toolset"),
         Error::Store(store::Error::Conflict(_)) => (S::SERVICE_UNAVAILABLE, "busy"),

@@ -1,6 +1,7 @@
 //! The native HTTP API (axum). Handlers are thin: parse, call the engine,
 //! shape the answer. Status codes and error codes are chosen in `error`.
 
+mod approvals;
 mod body;
 mod callbacks;
 mod calls;
@@ -34,7 +35,9 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
         .route(
             "/v1/toolsets/{name}",
-            get(toolsets::show).delete(toolsets::remove),
+            get(toolsets::show)
+                .delete(toolsets::remove)
+                .patch(toolsets::set_policy),
         )
         .route("/v1/toolsets/{name}/refresh", post(toolsets::refresh))
         .route("/v1/tools", get(toolsets::tools))
@@ -51,6 +54,12 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
             delete(threads::cancel_subscription),
         )
         .route("/v1/threads/{group_id}/close", post(threads::close))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{group_id}/{id}", post(approvals::decide))
+        .route(
+            "/v1/threads/{group_id}/grants/{tool}",
+            delete(approvals::revoke),
+        )
         .route("/v1/callbacks/{token}", post(callbacks::receive))
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))

@@ -1,6 +1,6 @@
 //! `/v1/toolsets` and `/v1/tools`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -11,25 +11,78 @@ use serde_json::{json, Value};
 use super::body::JsonBody;
 use super::{ApiError, AppState};
 use crate::engine::RegisteredToolset;
-use crate::toolsets::{cancel_subscription_schema, CANCEL_SUBSCRIPTION};
+use crate::toolsets::{
+    cancel_subscription_schema, ApprovalMode, ApprovalPolicy, ToolPolicy, CANCEL_SUBSCRIPTION,
+};
 
+/// `POST /v1/toolsets`: where to fetch the manifest, under which version,
+/// and Ferry's approval policy for its tools.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Register {
     url: String,
     #[serde(default)]
     version: Option<String>,
+    #[serde(default)]
+    approval: Option<ApprovalMode>,
+    #[serde(default)]
+    tools: BTreeMap<String, ToolPolicy>,
+    #[serde(default)]
+    approval_timeout_secs: Option<u64>,
+}
+
+/// `PATCH /v1/toolsets/{name}`: the policy fields alone.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPatch {
+    #[serde(default)]
+    approval: Option<ApprovalMode>,
+    #[serde(default)]
+    tools: BTreeMap<String, ToolPolicy>,
+    #[serde(default)]
+    approval_timeout_secs: Option<u64>,
+}
+
+impl From<PolicyPatch> for ApprovalPolicy {
+    fn from(p: PolicyPatch) -> Self {
+        ApprovalPolicy {
+            approval: p.approval,
+            tools: p.tools,
+            approval_timeout_secs: p.approval_timeout_secs,
+        }
+    }
 }
 
 pub async fn register(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<Register>,
 ) -> Result<(StatusCode, Json<RegisteredToolset>), ApiError> {
+    let policy = ApprovalPolicy {
+        approval: req.approval,
+        tools: req.tools,
+        approval_timeout_secs: req.approval_timeout_secs,
+    };
     let registered = app
         .engine
-        .register_toolset(&req.url, req.version.as_deref())
+        .register_toolset(&req.url, req.version.as_deref(), policy)
         .await?;
     Ok((StatusCode::CREATED, Json(registered)))
+}
+
+/// `PATCH /v1/toolsets/{name}[?version=]`: changes the approval policy of
+/// one version, or of all, without fetching the manifest again.
+pub async fn set_policy(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    JsonBody(patch): JsonBody<PolicyPatch>,
+) -> Result<Json<Value>, ApiError> {
+    let version = version(&query)?;
+    let changed = app
+        .engine
+        .set_policy(&name, version.as_ref(), &patch.into())
+        .await?;
+    Ok(Json(json!({"name": name, "versions": changed})))
 }
 
 pub async fn list(State(app): State<AppState>) -> Json<Value> {

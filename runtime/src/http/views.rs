@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use ferry_proto::api::{CallResult, CallStatus, PendingChoice};
+use ferry_proto::api::{CallResult, CallStatus, PendingChoice, PermissionKind};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::thread::{CallRecord, ThreadMeta};
+use crate::thread::{ApprovalRecord, CallRecord, ThreadMeta};
 
 #[derive(Debug, Serialize)]
 pub struct CallView {
@@ -33,6 +33,12 @@ pub struct CallView {
     pub choice: Option<PendingChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<SubscriptionView>,
+    /// When a pending approval is rejected automatically.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_deadline: Option<String>,
+    /// How the approval gate decided, for gated tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRecord>,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,6 +72,8 @@ impl CallView {
             auth_url: call.auth_url,
             choice: call.choice,
             subscription,
+            approval_deadline: call.approval_deadline,
+            approval: call.approval,
         }
     }
 }
@@ -83,6 +91,8 @@ pub struct ThreadView {
     pub calls: u64,
     /// The latest `view_update` content per `view_type`.
     pub views: BTreeMap<String, Value>,
+    /// Standing approval decisions by tool (`Toolset.tool`).
+    pub grants: BTreeMap<String, PermissionKind>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -99,6 +109,7 @@ impl From<ThreadMeta> for ThreadView {
             active_subscriptions: m.active_subscriptions.into_iter().collect(),
             counts,
             views: m.views,
+            grants: m.grants,
             created_at: m.created_at,
             updated_at: m.updated_at,
         }

@@ -2,6 +2,7 @@
 //! the in-memory index that resolves an `operation` to a tool.
 
 mod discovery;
+mod policy;
 mod registry;
 mod resolve;
 mod validate;
@@ -10,6 +11,7 @@ use ferry_proto::rap::Manifest;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{fetch_manifest, DiscoveryError};
+pub use policy::{ApprovalMode, ApprovalPolicy, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS};
 pub use registry::{Registry, Resolved};
 pub use resolve::{OperationName, ResolveError};
 pub use validate::{check_arguments, validate, ArgumentErrors, LoadedToolset};
@@ -24,6 +26,9 @@ pub struct StoredToolset {
     pub url: String,
     pub manifest: Manifest,
     pub registered_at: String,
+    /// Ferry's approval policy for the toolset's tools.
+    #[serde(default)]
+    pub policy: ApprovalPolicy,
 }
 
 /// The name and schema of the built-in tool that cancels a subscription.

@@ -22,6 +22,8 @@ pub struct Resolved {
     pub qualified: String,
     pub target: ToolTarget,
     pub validator: Arc<Validator>,
+    /// Seconds a call waits for approval, if the tool is gated.
+    pub approval_timeout: Option<u64>,
 }
 
 impl Registry {
@@ -116,6 +118,13 @@ impl Registry {
         };
         let validator = toolset.validators.get(tool).ok_or_else(unknown)?.clone();
         let s = &toolset.stored;
+        let def = s
+            .manifest
+            .tools
+            .iter()
+            .find(|t| t.name == tool)
+            .ok_or_else(unknown)?;
+        let approval_timeout = s.policy.gate(def);
         Ok(Resolved {
             qualified: format!("{}.{}@{}", s.name, tool, s.version),
             target: ToolTarget {
@@ -124,6 +133,7 @@ impl Registry {
                 endpoint: s.manifest.endpoint.clone(),
             },
             validator,
+            approval_timeout,
         })
     }
 }

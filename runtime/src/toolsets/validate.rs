@@ -72,6 +72,9 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
             Err(e) => problems.push(format!("tool {:?}: invalid inputSchema: {e}", tool.name)),
         }
     }
+    if let Err(problem) = stored.policy.check(m) {
+        problems.push(problem);
+    }
     if problems.is_empty() {
         Ok(LoadedToolset { stored, validators })
     } else {

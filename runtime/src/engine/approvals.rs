@@ -1,0 +1,185 @@
+//! The approval gate's I/O: finding ancestors' grants for a new call,
+//! reviewers' decisions, revoking grants, and the durable timeout.
+//!
+//! The deadline is stored with the call (`approval_requested`), so a restart
+//! re-arms it; the timeout decides through the state machine like a
+//! reviewer, so a decision racing it yields exactly one outcome.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ferry_proto::api::{CallStatus, PermissionKind};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::{Engine, Error};
+use crate::thread::{grant_key, CallRecord, Command, Gate, Rejection};
+
+/// The reviewer name the timeout decides as.
+pub const TIMEOUT_REVIEWER: &str = "timeout";
+
+/// A pending approval to reject at `deadline` if no one decides first.
+pub(crate) struct Timer {
+    pub group_id: String,
+    pub id: String,
+    pub deadline: SystemTime,
+}
+
+impl Engine {
+    /// The gate of a call to a tool that needs approval: its deadline, and
+    /// the standing decision of the nearest ancestor that has one.
+    pub(crate) async fn gate(
+        &self,
+        tool: &str,
+        timeout_secs: u64,
+        ancestors: Option<&[String]>,
+    ) -> Result<Gate, Error> {
+        let deadline = SystemTime::now() + Duration::from_secs(timeout_secs);
+        let mut inherited = None;
+        // Root first on the wire: the parent is last, and nearest wins.
+        for ancestor in ancestors.unwrap_or_default().iter().rev() {
+            let grant = self
+                .store
+                .thread(ancestor)
+                .await?
+                .and_then(|meta| meta.grants.get(grant_key(tool)).copied());
+            if let Some(kind) = grant {
+                inherited = Some((kind, ancestor.clone()));
+                break;
+            }
+        }
+        Ok(Gate {
+            deadline: humantime::format_rfc3339_seconds(deadline).to_string(),
+            inherited,
+        })
+    }
+
+    /// A reviewer decides a pending approval. Allowed calls are dispatched.
+    pub async fn decide_approval(
+        &self,
+        group_id: &str,
+        id: &str,
+        option_id: &str,
+        reviewer: &str,
+        reason: Option<String>,
+    ) -> Result<CallRecord, Error> {
+        let option = PermissionKind::parse(option_id).ok_or_else(|| {
+            Error::InvalidOption(format!(
+                "unknown optionId {option_id:?}; expected allow_once, allow_always, reject_once or reject_always"
+            ))
+        })?;
+        if reviewer.is_empty() || reviewer == TIMEOUT_REVIEWER || reviewer.starts_with("grant:") {
+            return Err(Error::InvalidRequest(format!(
+                "reviewer {reviewer:?} is empty or reserved"
+            )));
+        }
+        self.decide(group_id, id, option, reviewer, reason).await
+    }
+
+    async fn decide(
+        &self,
+        group_id: &str,
+        id: &str,
+        option: PermissionKind,
+        reviewer: &str,
+        reason: Option<String>,
+    ) -> Result<CallRecord, Error> {
+        let command = Command::Decide {
+            id: id.into(),
+            option,
+            reviewer: reviewer.into(),
+            reason,
+        };
+        let executed = self.execute(group_id, command).await?;
+        let call = executed.state.calls[id].clone();
+        info!(
+            group_id,
+            call_id = id,
+            option = option.id(),
+            reviewer,
+            "approval decided"
+        );
+        if call.status == CallStatus::Queued {
+            self.enqueue(group_id, &call).await?;
+        }
+        Ok(call)
+    }
+
+    /// Revokes a thread's standing grant for `tool` (`Toolset.tool`).
+    pub async fn revoke_grant(&self, group_id: &str, tool: &str) -> Result<(), Error> {
+        self.execute(group_id, Command::Revoke { tool: tool.into() })
+            .await?;
+        info!(group_id, tool, "grant revoked");
+        Ok(())
+    }
+
+    /// Every call waiting for a reviewer, across threads, oldest first.
+    pub async fn pending_approvals(&self) -> Result<Vec<(String, CallRecord)>, Error> {
+        let mut pending = vec![];
+        for (group_id, id) in self.store.open_calls().await? {
+            if let Some(call) = self.store.call(&group_id, &id).await? {
+                if call.status == CallStatus::PendingApproval {
+                    pending.push((group_id, call));
+                }
+            }
+        }
+        pending.sort_by(|a, b| a.1.created_at.cmp(&b.1.created_at));
+        Ok(pending)
+    }
+
+    /// Arms the timeout of a pending approval.
+    pub(crate) fn arm(&self, group_id: &str, call: &CallRecord) {
+        let Some(deadline) = call.approval_deadline.as_deref() else {
+            return;
+        };
+        let Ok(deadline) = humantime::parse_rfc3339(deadline) else {
+            warn!(group_id, call_id = %call.id, deadline, "unreadable approval deadline");
+            return;
+        };
+        let _ = self.timers.send(Timer {
+            group_id: group_id.to_owned(),
+            id: call.id.clone(),
+            deadline,
+        });
+    }
+
+    /// Runs the approval timers: each waits for its deadline, then rejects
+    /// the call if it still waits (the state machine refuses otherwise).
+    pub fn start_timers(self: &Arc<Self>) {
+        let Some(mut timers) = self.timer_queue.lock().expect("timer lock").take() else {
+            return;
+        };
+        let engine = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(timer) = timers.recv().await {
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    let wait = timer
+                        .deadline
+                        .duration_since(SystemTime::now())
+                        .unwrap_or_default();
+                    tokio::time::sleep(wait).await;
+                    let Some(engine) = engine.upgrade() else {
+                        return;
+                    };
+                    let (g, id) = (&timer.group_id, &timer.id);
+                    match engine
+                        .decide(g, id, PermissionKind::RejectOnce, TIMEOUT_REVIEWER, None)
+                        .await
+                    {
+                        Ok(_) => info!(group_id = %g, call_id = %id, "approval timed out"),
+                        Err(Error::Rejected(Rejection::NotPendingApproval { .. })) => {}
+                        Err(e) => {
+                            warn!(group_id = %g, call_id = %id, error = %e, "approval timeout failed")
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// The channel the engine arms timers on, and its receiving end.
+pub(crate) fn timer_channel() -> (mpsc::UnboundedSender<Timer>, mpsc::UnboundedReceiver<Timer>) {
+    mpsc::unbounded_channel()
+}

@@ -1,0 +1,107 @@
+//! The approval gate: `GET /v1/approvals`, `POST /v1/approvals/{g}/{id}`,
+//! and revoking a thread's standing grant.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use ferry_proto::api::PermissionKind;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::body::JsonBody;
+use super::views::CallView;
+use super::{ApiError, AppState};
+
+/// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
+/// first, across threads.
+pub async fn list(
+    State(app): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    match query.get("status").map(String::as_str) {
+        None | Some("pending") => {}
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("status={other:?}: only \"pending\" is listed"),
+            ))
+        }
+    }
+    let now = std::time::SystemTime::now();
+    let approvals: Vec<Value> = app
+        .engine
+        .pending_approvals()
+        .await?
+        .into_iter()
+        .map(|(group_id, call)| {
+            let age = humantime::parse_rfc3339(&call.created_at)
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .map_or(0, |d| d.as_secs());
+            json!({
+                "group_id": group_id,
+                "id": call.id,
+                "tool": call.tool,
+                "operation": call.operation,
+                "arguments": call.arguments,
+                "user_id": call.user_id,
+                "requested_at": call.created_at,
+                "age_secs": age,
+                "deadline": call.approval_deadline,
+                "options": PermissionKind::ALL.iter().map(|k| k.option()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"approvals": approvals})))
+}
+
+/// A reviewer's decision.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    #[serde(rename = "optionId")]
+    option_id: String,
+    #[serde(default = "anonymous")]
+    reviewer: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn anonymous() -> String {
+    "anonymous".to_owned()
+}
+
+/// `POST /v1/approvals/{group_id}/{id}`: 200 with the call; 409 when it
+/// does not wait for approval; 422 for an unknown `optionId`; 404 for an
+/// unknown call.
+pub async fn decide(
+    State(app): State<AppState>,
+    Path((group_id, id)): Path<(String, String)>,
+    JsonBody(decision): JsonBody<Decision>,
+) -> Result<Json<CallView>, ApiError> {
+    let call = app
+        .engine
+        .decide_approval(
+            &group_id,
+            &id,
+            &decision.option_id,
+            &decision.reviewer,
+            decision.reason,
+        )
+        .await?;
+    Ok(Json(CallView::new(&group_id, call)))
+}
+
+/// `DELETE /v1/threads/{group_id}/grants/{tool}`.
+pub async fn revoke(
+    State(app): State<AppState>,
+    Path((group_id, tool)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    app.engine.revoke_grant(&group_id, &tool).await?;
+    Ok(Json(
+        json!({"group_id": group_id, "tool": tool, "revoked": true}),
+    ))
+}

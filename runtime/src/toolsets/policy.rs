@@ -1,0 +1,163 @@
+//! Ferry's approval policy for a toolset: set when it is registered (the
+//! manifest belongs to the tool server, the policy to whoever runs Ferry).
+
+use std::collections::BTreeMap;
+
+use ferry_proto::rap::{Manifest, ToolDef};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    Required,
+    Auto,
+}
+
+/// Per-tool override.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalMode>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApprovalPolicy {
+    /// The toolset-wide mode; when absent, tools annotated `destructive`
+    /// require approval and the others do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalMode>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tools: BTreeMap<String, ToolPolicy>,
+    /// Seconds a gated call waits for a decision before it is rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_secs: Option<u64>,
+}
+
+/// The approval timeout when the policy names none: five minutes.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
+
+impl ApprovalPolicy {
+    /// The timeout, in seconds, if calls to `tool` need approval. A per-tool
+    /// setting wins, then the toolset's; by default only tools annotated
+    /// `destructive: true` are gated (RAP asks runtimes to confirm them).
+    pub fn gate(&self, tool: &ToolDef) -> Option<u64> {
+        let destructive = tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.destructive)
+            .unwrap_or(false);
+        let mode = self
+            .tools
+            .get(&tool.name)
+            .and_then(|t| t.approval)
+            .or(self.approval)
+            .unwrap_or(if destructive {
+                ApprovalMode::Required
+            } else {
+                ApprovalMode::Auto
+            });
+        (mode == ApprovalMode::Required).then(|| {
+            self.approval_timeout_secs
+                .unwrap_or(DEFAULT_APPROVAL_TIMEOUT_SECS)
+        })
+    }
+
+    /// Checks the policy against the manifest it governs.
+    pub fn check(&self, manifest: &Manifest) -> Result<(), String> {
+        if self.approval_timeout_secs == Some(0) {
+            return Err("approval_timeout_secs must be at least 1".into());
+        }
+        for name in self.tools.keys() {
+            if !manifest.tools.iter().any(|t| &t.name == name) {
+                return Err(format!(
+                    "the policy names tool {name:?}, which toolset {:?} does not have",
+                    manifest.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a change: fields present in `patch` replace these; per-tool
+    /// entries are merged.
+    pub fn apply(&mut self, patch: &ApprovalPolicy) {
+        if patch.approval.is_some() {
+            self.approval = patch.approval;
+        }
+        if patch.approval_timeout_secs.is_some() {
+            self.approval_timeout_secs = patch.approval_timeout_secs;
+        }
+        for (name, tool) in &patch.tools {
+            self.tools.insert(name.clone(), tool.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::rap::Annotations;
+    use serde_json::json;
+
+    fn tool(name: &str, destructive: bool) -> ToolDef {
+        ToolDef {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({"type": "object"}),
+            annotations: destructive.then(|| Annotations {
+                destructive: Some(true),
+                ..Annotations::default()
+            }),
+            display_script: None,
+        }
+    }
+
+    #[test]
+    fn who_wins() {
+        let required = Some(ApprovalMode::Required);
+        let auto = Some(ApprovalMode::Auto);
+        let per_tool = |mode| BTreeMap::from([("t".to_owned(), ToolPolicy { approval: mode })]);
+        let cases = [
+            (ApprovalPolicy::default(), false, None),
+            (ApprovalPolicy::default(), true, Some(300)),
+            (
+                ApprovalPolicy {
+                    approval: auto,
+                    ..Default::default()
+                },
+                true,
+                None,
+            ),
+            (
+                ApprovalPolicy {
+                    approval: required,
+                    approval_timeout_secs: Some(9),
+                    ..Default::default()
+                },
+                false,
+                Some(9),
+            ),
+            (
+                ApprovalPolicy {
+                    approval: required,
+                    tools: per_tool(auto),
+                    ..Default::default()
+                },
+                true,
+                None,
+            ),
+            (
+                ApprovalPolicy {
+                    tools: per_tool(required),
+                    ..Default::default()
+                },
+                false,
+                Some(300),
+            ),
+        ];
+        for (i, (policy, destructive, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(policy.gate(&tool("t", destructive)), expected, "case {i}");
+        }
+    }
+}

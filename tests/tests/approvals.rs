@@ -1,0 +1,387 @@
+//! The approval gate: gated calls wait durably for a reviewer; decisions,
+//! standing grants (inherited through `thread_ancestors`), the durable
+//! timeout, and bad decisions that change nothing.
+
+use ferry_tests::api::seg;
+use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
+use futures::future::join_all;
+use serde_json::{json, Value};
+
+/// A tool server with `deploy` (annotated destructive) and `look`.
+async fn tool() -> TestTool {
+    TestTool::with_manifest(json!({"name": "ops", "tools": [
+        {"name": "deploy", "description": "ship it", "inputSchema": {"type": "object"},
+         "annotations": {"destructive": true}},
+        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}}
+    ]}))
+    .await
+}
+
+async fn ferry_with(tool: &TestTool) -> Ferry {
+    Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await
+}
+
+async fn submit(api: &Api, g: &str, id: &str, op: &str, ancestors: Option<Vec<&str>>) -> Value {
+    let mut body =
+        json!({"operation": op, "arguments": {"x": 1}, "group_id": g, "id": id, "user_id": "u1"});
+    if let Some(a) = ancestors {
+        body["thread_ancestors"] = json!(a);
+    }
+    let (status, reply) = api.submit(body).await;
+    assert_eq!(status, 202, "{reply}");
+    reply
+}
+
+async fn decide(api: &Api, g: &str, id: &str, option: &str) -> (u16, Value) {
+    api.post(
+        &format!("/v1/approvals/{}/{}", seg(g), seg(id)),
+        &json!({"optionId": option, "reviewer": "ana", "reason": "checked"}),
+    )
+    .await
+}
+
+async fn pending(api: &Api) -> Vec<Value> {
+    let (status, body) = api.get("/v1/approvals?status=pending").await;
+    assert_eq!(status, 200, "{body}");
+    body["approvals"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_destructive_tool_waits_for_a_reviewer_then_runs() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    let reply = submit(&api, "g", "c", "deploy", None).await;
+    assert_eq!(reply["status"], "pending_approval");
+    let requested = api.wait_for("g", "c", "approval_requested").await;
+    let p = &requested["payload"];
+    assert_eq!(
+        (p["tool"].as_str(), p["user_id"].as_str()),
+        (Some("ops.deploy@1.0.0"), Some("u1"))
+    );
+    assert_eq!(p["arguments"], json!({"x": 1}));
+    let kinds: Vec<&str> = p["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["allow_once", "allow_always", "reject_once", "reject_always"]
+    );
+    assert!(p["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|o| o["optionId"] == o["kind"] && o["name"].is_string()));
+    let listed = pending(&api).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0]["group_id"].as_str(), listed[0]["id"].as_str()),
+        (Some("g"), Some("c"))
+    );
+    // The ungated tool in the same toolset is not held.
+    submit(&api, "g", "l", "look", None).await;
+    assert_eq!(tool.next_invocation().await.invocation.id, "l");
+    assert!(
+        tool.invocations().iter().all(|i| i.id != "c"),
+        "dispatched before approval"
+    );
+
+    let (status, call) = decide(&api, "g", "c", "allow_once").await;
+    assert_eq!(status, 200, "{call}");
+    assert_eq!(call["approval"]["reviewer"], "ana");
+    assert_eq!(tool.next_invocation().await.invocation.id, "c");
+    let decided = api.wait_for("g", "c", "approval_decided").await;
+    assert_eq!(decided["payload"]["optionId"], "allow_once");
+    assert_eq!(decided["payload"]["reason"], "checked");
+    assert!(pending(&api).await.is_empty());
+    assert_eq!(api.thread("g").await.1["grants"], json!({}));
+}
+
+#[tokio::test]
+async fn a_rejected_call_ends_at_once_with_an_error_result() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "g", "c", "deploy", None).await;
+    let (status, call) = decide(&api, "g", "c", "reject_once").await;
+    assert_eq!((status, call["status"].as_str()), (200, Some("rejected")));
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(result["payload"]["is_error"], true);
+    let text = result["payload"]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("Error: ") && text.contains("rejected by a reviewer"),
+        "{text}"
+    );
+    assert!(tool.invocations().is_empty());
+}
+
+#[tokio::test]
+async fn bad_decisions_are_refused_and_change_nothing() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "g", "c", "deploy", None).await;
+    submit(&api, "g", "l", "look", None).await;
+    api.wait_for("g", "l", "call_dispatched").await;
+    let before = api.events("g", 0).await.len();
+    let cases = [
+        (
+            "unknown optionId",
+            "/v1/approvals/g/c",
+            json!({"optionId": "maybe", "reviewer": "ana"}),
+            422,
+            "invalid_option",
+        ),
+        (
+            "missing optionId",
+            "/v1/approvals/g/c",
+            json!({"reviewer": "ana"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            "/v1/approvals/g/c",
+            json!({"optionId": "allow_once", "vote": 1}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "reserved reviewer",
+            "/v1/approvals/g/c",
+            json!({"optionId": "allow_once", "reviewer": "timeout"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "not pending",
+            "/v1/approvals/g/l",
+            json!({"optionId": "allow_once", "reviewer": "ana"}),
+            409,
+            "not_pending_approval",
+        ),
+        (
+            "unknown call",
+            "/v1/approvals/g/ghost",
+            json!({"optionId": "allow_once", "reviewer": "ana"}),
+            404,
+            "unknown_call",
+        ),
+        (
+            "unknown thread",
+            "/v1/approvals/nowhere/c",
+            json!({"optionId": "allow_once", "reviewer": "ana"}),
+            404,
+            "unknown_call",
+        ),
+    ];
+    for (what, path, body, status, code) in cases {
+        let (got, reply) = api.post(path, &body).await;
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {reply}"
+        );
+    }
+    let (got, _) = api.post_raw("/v1/approvals/g/c", b"{oops".to_vec()).await;
+    assert_eq!(got, 400);
+    assert_eq!(
+        api.events("g", 0).await.len(),
+        before,
+        "a refused decision recorded something"
+    );
+    assert_eq!(api.call("g", "c").await.1["status"], "pending_approval");
+    assert_eq!(api.thread("nowhere").await.0, 404);
+    let (status, _) = api.get("/v1/approvals?status=decided").await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn concurrent_decisions_yield_one_outcome() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "g", "c", "deploy", None).await;
+    let options = ["allow_once", "reject_once"];
+    let answers = join_all((0..10).map(|i| decide(&api, "g", "c", options[i % 2]))).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(ok, 1, "{answers:?}");
+    assert!(answers
+        .iter()
+        .all(|(s, b)| *s == 200 || (*s == 409 && b["error"]["code"] == "not_pending_approval")));
+    assert_eq!(api.count("g", "c", "approval_decided").await, 1);
+}
+
+#[tokio::test]
+async fn standing_grants_apply_to_the_thread_and_its_descendants_only() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "root", "c1", "deploy", None).await;
+    decide(&api, "root", "c1", "allow_always").await;
+    assert_eq!(
+        api.thread("root").await.1["grants"],
+        json!({"ops.deploy": "allow_always"})
+    );
+    // Same thread: no question asked.
+    let reply = submit(&api, "root", "c2", "deploy", None).await;
+    assert_ne!(reply["status"], "pending_approval");
+    let decided = api.wait_for("root", "c2", "approval_decided").await;
+    assert_eq!(decided["payload"]["reviewer"], "grant:root");
+    // A child naming root among its ancestors inherits it.
+    let reply = submit(&api, "child", "c3", "deploy", Some(vec!["root"])).await;
+    assert_ne!(reply["status"], "pending_approval");
+    // A sibling without that ancestry, and ancestors that do not exist, ask.
+    assert_eq!(
+        submit(&api, "sibling", "c4", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    assert_eq!(
+        submit(&api, "orphan", "c5", "deploy", Some(vec!["nope", "gone"])).await["status"],
+        "pending_approval"
+    );
+    let dispatched: Vec<String> = {
+        let mut ids = vec![];
+        for _ in 0..3 {
+            ids.push(tool.next_invocation().await.invocation.id);
+        }
+        ids.sort();
+        ids
+    };
+    assert_eq!(dispatched, ["c1", "c2", "c3"]);
+    // Revoking brings the question back.
+    let (status, _) = api.delete("/v1/threads/root/grants/ops.deploy").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        submit(&api, "root", "c6", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    let (status, body) = api.delete("/v1/threads/root/grants/ops.deploy").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("no_grant"))
+    );
+    // reject_always ends later calls at once.
+    decide(&api, "root", "c6", "reject_always").await;
+    assert_eq!(
+        submit(&api, "root", "c7", "deploy", None).await["status"],
+        "rejected"
+    );
+}
+
+#[tokio::test]
+async fn policy_is_set_at_registration_and_patched_without_refetching() {
+    let tool = tool().await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let (status, body) = api
+        .post("/v1/toolsets", &json!({"url": tool.url, "approval": "required", "tools": {"deploy": {"approval": "auto"}}}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let modes: Vec<(&str, &str)> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["approval"].as_str().unwrap()))
+        .collect();
+    assert_eq!(modes, [("deploy", "auto"), ("look", "required")]);
+    assert_ne!(
+        submit(&api, "g", "a", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    assert_eq!(
+        submit(&api, "g", "b", "look", None).await["status"],
+        "pending_approval"
+    );
+    let (status, body) = api
+        .client
+        .patch(format!("{}/v1/toolsets/ops", api.base))
+        .json(&json!({"approval": "auto", "tools": {"deploy": {"approval": "required"}}}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map(|s| (s, ()))
+        .unwrap();
+    assert_eq!(status, 200, "{body:?}");
+    assert_eq!(
+        submit(&api, "g", "c", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    assert_ne!(
+        submit(&api, "g", "d", "look", None).await["status"],
+        "pending_approval"
+    );
+    // Bad policies are refused and change nothing.
+    for bad in [
+        json!({"tools": {"nope": {"approval": "auto"}}}),
+        json!({"approval": "sometimes"}),
+        json!({"approval_timeout_secs": 0}),
+        json!({"url": "x"}),
+    ] {
+        let response = api
+            .client
+            .patch(format!("{}/v1/toolsets/ops", api.base))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            [400, 422].contains(&response.status().as_u16()),
+            "{bad}: {}",
+            response.status()
+        );
+    }
+    let response = api
+        .client
+        .patch(format!("{}/v1/toolsets/nope", api.base))
+        .json(&json!({"approval": "auto"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        submit(&api, "g", "e", "deploy", None).await["status"],
+        "pending_approval"
+    );
+}
+
+#[tokio::test]
+async fn an_unanswered_approval_times_out_once_even_across_a_restart() {
+    let tool = tool().await;
+    let mut ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let (status, _) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "approval_timeout_secs": 2}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    submit(&api, "g", "c", "deploy", None).await;
+    api.wait_for("g", "c", "approval_requested").await;
+    // Crash during the wait: the deadline is durable and re-armed.
+    ferry.restart().await;
+    let api = ferry.api();
+    let decided = api.wait_for("g", "c", "approval_decided").await;
+    assert_eq!(decided["payload"]["reviewer"], "timeout");
+    assert_eq!(decided["payload"]["optionId"], "reject_once");
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert!(result["payload"]["text"]
+        .as_str()
+        .unwrap()
+        .contains("no reviewer approved it in time"));
+    let (status, body) = decide(&api, "g", "c", "allow_once").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_pending_approval"))
+    );
+    assert_eq!(api.count("g", "c", "approval_decided").await, 1);
+    assert!(tool.invocations().is_empty());
+}
