@@ -115,6 +115,9 @@ pub async fn start(
     let bus = LocalBus::new(options.concurrency);
     let client = reqwest::Client::builder()
         .no_proxy()
+        // A redirect would turn an invocation POST into a body-less GET
+        // that could still answer 200: a 3xx must end the dispatch instead.
+        .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(256)
         .build()?;
     let config = Config {

@@ -199,6 +199,14 @@ pub enum EventKind {
     GrantRevoked {
         tool: String,
     },
+    /// The user answered the call's `user_choice`; Ferry delivers the
+    /// answer to the tool's `response_url`.
+    ChoiceMade {
+        index: usize,
+        choice: String,
+    },
+    /// The tool's `response_url` accepted the answer.
+    ChoiceDelivered {},
     /// The agent cancelled a pending call. (Variants without data are empty
     /// structs so that every event carries a `payload`, `{}` here.)
     CallCancelled {},
@@ -306,6 +314,8 @@ impl EventKind {
             Self::ApprovalRequested { .. } => "approval_requested",
             Self::ApprovalDecided { .. } => "approval_decided",
             Self::GrantRevoked { .. } => "grant_revoked",
+            Self::ChoiceMade { .. } => "choice_made",
+            Self::ChoiceDelivered {} => "choice_delivered",
             Self::CallCancelled {} => "call_cancelled",
             Self::SubscriptionCancelled {} => "subscription_cancelled",
             Self::ThreadClosed {} => "thread_closed",

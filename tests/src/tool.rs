@@ -101,6 +101,7 @@ impl TestTool {
             )
             .route("/close_thread", post(|s, b| notice("close_thread", s, b)))
             .route("/tool_call_status", post(status))
+            .route("/choice", post(|s, b| notice("choice", s, b)))
             .with_state(shared.clone());
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();

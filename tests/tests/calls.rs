@@ -179,7 +179,12 @@ async fn bad_submissions_are_refused_clearly_and_change_nothing() {
         json!({"b": "is required"})
     );
     untouched(&ferry, "bad").await;
-    untouched(&ferry, "").await;
+    // An empty group_id cannot name a thread, so reads refuse it too.
+    let (status, body) = api.get("/v1/threads//events").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
     assert!(tool.invocations().is_empty() && typed.invocations().is_empty());
     // The limit is 512 bytes: exactly 512 is fine.
     let (status, _) = api

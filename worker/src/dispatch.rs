@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::metrics::record_attempt;
 
+/// The longest `Retry-After` honoured.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
 /// Retry policy and the one clock of a dispatch: the acknowledgement
 /// timeout of a single attempt.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,7 +216,9 @@ impl Dispatcher {
                     if n >= max {
                         return Err(backoff::Error::permanent(failure));
                     }
-                    let retry_after = retry_after.map(|d| d.min(self.config.max_backoff));
+                    // Honour the tool's Retry-After, bounded so a broken
+                    // header cannot park the call for hours.
+                    let retry_after = retry_after.map(|d| d.min(MAX_RETRY_AFTER));
                     Err(backoff::Error::Transient {
                         err: failure,
                         retry_after,

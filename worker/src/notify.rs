@@ -87,6 +87,43 @@ impl Notifier {
         }
     }
 
+    /// POSTs a user's answer, `{"id": <call id>, "selected": <index>}` (the
+    /// body `rap-3` defines), to the tool's `response_url`: retried with
+    /// backoff on a transport error or 5xx, at most `attempts` times; a 4xx
+    /// is final. Returns whether the tool accepted it.
+    pub async fn deliver_choice(
+        &self,
+        response_url: &str,
+        id: &str,
+        index: usize,
+        attempts: u32,
+    ) -> bool {
+        let body = serde_json::json!({"id": id, "selected": index});
+        let mut delay = Duration::from_millis(200);
+        for attempt in 1..=attempts.max(1) {
+            let sent = self
+                .client
+                .post(response_url)
+                .timeout(self.timeout)
+                .json(&body)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => return true,
+                Ok(r) if r.status().is_client_error() => {
+                    debug!(status = %r.status(), "tool refused the choice");
+                    return false;
+                }
+                _ if attempt < attempts => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
     /// Asks the server that got a call whether it still processes it.
     pub async fn tool_call_status(
         &self,

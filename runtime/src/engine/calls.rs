@@ -86,6 +86,13 @@ impl Engine {
         } = self.execute(&group_id, command).await?;
         let call = &state.calls[&id];
         if decision.outcome != Outcome::Applied {
+            // Still queued: the first submission may have been cut short
+            // before it reached the bus. Enqueue again; the worker skips
+            // work for calls no longer queued (invariant 4 allows a tool to
+            // see an id twice).
+            if call.status == CallStatus::Queued && target.is_none() {
+                self.enqueue(&group_id, call).await?;
+            }
             return Ok((Submitted::Existing, reply(&group_id, call)));
         }
         ::metrics::counter!(metrics::CALLS_ACCEPTED).increment(1);

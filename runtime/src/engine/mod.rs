@@ -9,6 +9,7 @@
 mod approvals;
 mod callbacks;
 pub mod calls;
+mod choices;
 mod outcomes;
 mod reads;
 mod recovery;

@@ -8,7 +8,18 @@ use super::{Engine, Error};
 use crate::thread::{CallRecord, ThreadMeta};
 
 impl Engine {
+    /// Waits until what a read may show is durable: a reader must never see
+    /// a state a crash could take back.
+    async fn settle(&self, group_id: &str) -> Result<(), Error> {
+        self.check_id("group_id", group_id)?;
+        if !self.store.is_durable(group_id, 0) {
+            self.store.flush().await?;
+        }
+        Ok(())
+    }
+
     pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+        self.settle(group_id).await?;
         self.store
             .call(group_id, id)
             .await?
@@ -16,6 +27,7 @@ impl Engine {
     }
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
+        self.settle(group_id).await?;
         self.store
             .thread(group_id)
             .await?
@@ -31,6 +43,7 @@ impl Engine {
         limit: usize,
         wait: Duration,
     ) -> Result<Vec<Event>, Error> {
+        self.check_id("group_id", group_id)?;
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
         let events = self.store.events(group_id, after, limit).await?;
@@ -48,7 +61,8 @@ impl Engine {
     }
 
     /// A receiver of the thread's last durable sequence number, for streams.
-    pub fn watch(&self, group_id: &str) -> tokio::sync::watch::Receiver<u64> {
-        self.store.watch(group_id)
+    pub fn watch(&self, group_id: &str) -> Result<crate::store::Watch, Error> {
+        self.check_id("group_id", group_id)?;
+        Ok(self.store.watch(group_id))
     }
 }

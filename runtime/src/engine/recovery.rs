@@ -37,6 +37,9 @@ impl Engine {
             let Some(call) = self.store.call(&group_id, &id).await? else {
                 continue;
             };
+            if let Some(answer) = call.undelivered_choice.clone() {
+                self.deliver(&group_id, &id, answer);
+            }
             match call.status {
                 CallStatus::Queued => {
                     self.enqueue(&group_id, &call).await?;

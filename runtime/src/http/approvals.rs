@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use super::path::Path;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use ferry_proto::api::PermissionKind;
@@ -12,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::views::CallView;
-use super::{ApiError, AppState};
+use super::{detached, ApiError, AppState};
 
 /// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
 /// first, across threads.
@@ -82,16 +83,19 @@ pub async fn decide(
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<Json<CallView>, ApiError> {
-    let call = app
-        .engine
-        .decide_approval(
-            &group_id,
-            &id,
-            &decision.option_id,
-            &decision.reviewer,
-            decision.reason,
-        )
-        .await?;
+    let (engine, g) = (app.engine.clone(), group_id.clone());
+    let call = detached(async move {
+        engine
+            .decide_approval(
+                &g,
+                &id,
+                &decision.option_id,
+                &decision.reviewer,
+                decision.reason,
+            )
+            .await
+    })
+    .await?;
     Ok(Json(CallView::new(&group_id, call)))
 }
 
@@ -100,7 +104,8 @@ pub async fn revoke(
     State(app): State<AppState>,
     Path((group_id, tool)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    app.engine.revoke_grant(&group_id, &tool).await?;
+    let (engine, g, t) = (app.engine.clone(), group_id.clone(), tool.clone());
+    detached(async move { engine.revoke_grant(&g, &t).await }).await?;
     Ok(Json(
         json!({"group_id": group_id, "tool": tool, "revoked": true}),
     ))

@@ -49,6 +49,8 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
             Rejection::NotPendingApproval { .. } => (S::CONFLICT, "not_pending_approval"),
             Rejection::NotDispatched(_) => (S::CONFLICT, "not_dispatched"),
             Rejection::NoGrant(_) => (S::NOT_FOUND, "no_grant"),
+            Rejection::NotAwaitingChoice { .. } => (S::CONFLICT, "not_awaiting_choice"),
+            Rejection::BadChoice(_) => (S::UNPROCESSABLE_ENTITY, "invalid_choice"),
         },
         Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
         Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),

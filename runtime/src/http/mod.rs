@@ -7,6 +7,7 @@ mod callbacks;
 mod calls;
 mod error;
 mod ops;
+mod path;
 mod threads;
 mod toolsets;
 mod views;
@@ -19,6 +20,25 @@ use axum::Router;
 use crate::engine::Engine;
 
 pub use error::{error_code, ApiError};
+
+/// Runs an engine command to its end even if the client goes away. axum
+/// drops a handler's future when its connection closes; a command cut
+/// between its write and its flush would leave the thread's new events
+/// unpublished to readers (and a new call undispatched).
+pub(crate) async fn detached<T, F>(command: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, crate::engine::Error>> + Send + 'static,
+{
+    match tokio::spawn(command).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("the command did not complete: {e}"),
+        )),
+    }
+}
 
 /// Renders the Prometheus exposition of the process's metrics.
 pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
@@ -46,6 +66,10 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
         .route(
             "/v1/threads/{group_id}/calls/{id}",
             get(calls::show).delete(calls::cancel),
+        )
+        .route(
+            "/v1/threads/{group_id}/calls/{id}/choice",
+            post(calls::choose),
         )
         .route("/v1/threads/{group_id}/events", get(threads::events))
         .route("/v1/threads/{group_id}/stream", get(threads::stream))

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use super::path::Path;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
@@ -14,7 +15,7 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::views::{CallView, ThreadView};
-use super::{ApiError, AppState};
+use super::{detached, ApiError, AppState};
 
 /// Events per page when `limit` is not given, and the most one page holds.
 const DEFAULT_LIMIT: usize = 100;
@@ -95,7 +96,7 @@ pub async fn stream(
         None => number::<u64>(&query, "after")?.unwrap_or(0),
     };
     let engine = app.engine.clone();
-    let tip = engine.watch(&group_id);
+    let tip = engine.watch(&group_id)?;
     let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
         let engine = engine.clone();
         let group_id = group_id.clone();
@@ -135,7 +136,8 @@ pub async fn cancel_subscription(
     State(app): State<AppState>,
     Path((group_id, id)): Path<(String, String)>,
 ) -> Result<Json<CallView>, ApiError> {
-    let call = app.engine.cancel_subscription(&group_id, &id).await?;
+    let (engine, g) = (app.engine.clone(), group_id.clone());
+    let call = detached(async move { engine.cancel_subscription(&g, &id).await }).await?;
     Ok(Json(CallView::new(&group_id, call)))
 }
 
@@ -143,7 +145,8 @@ pub async fn close(
     State(app): State<AppState>,
     Path(group_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let seq = app.engine.close_thread(&group_id).await?;
+    let (engine, g) = (app.engine.clone(), group_id.clone());
+    let seq = detached(async move { engine.close_thread(&g).await }).await?;
     Ok(Json(
         json!({"group_id": group_id, "closed": true, "last_seq": seq}),
     ))

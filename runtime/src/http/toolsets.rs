@@ -2,14 +2,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use axum::extract::{Path, Query, State};
+use super::path::Path;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::JsonBody;
-use super::{ApiError, AppState};
+use super::{detached, ApiError, AppState};
 use crate::engine::RegisteredToolset;
 use crate::toolsets::{
     cancel_subscription_schema, ApprovalMode, ApprovalPolicy, ToolPolicy, CANCEL_SUBSCRIPTION,
@@ -62,10 +63,13 @@ pub async fn register(
         tools: req.tools,
         approval_timeout_secs: req.approval_timeout_secs,
     };
-    let registered = app
-        .engine
-        .register_toolset(&req.url, req.version.as_deref(), policy)
-        .await?;
+    let engine = app.engine.clone();
+    let registered = detached(async move {
+        engine
+            .register_toolset(&req.url, req.version.as_deref(), policy)
+            .await
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(registered)))
 }
 
@@ -78,10 +82,10 @@ pub async fn set_policy(
     JsonBody(patch): JsonBody<PolicyPatch>,
 ) -> Result<Json<Value>, ApiError> {
     let version = version(&query)?;
-    let changed = app
-        .engine
-        .set_policy(&name, version.as_ref(), &patch.into())
-        .await?;
+    let (engine, n) = (app.engine.clone(), name.clone());
+    let patch: crate::toolsets::ApprovalPolicy = patch.into();
+    let changed =
+        detached(async move { engine.set_policy(&n, version.as_ref(), &patch).await }).await?;
     Ok(Json(json!({"name": name, "versions": changed})))
 }
 
@@ -122,7 +126,11 @@ pub async fn refresh(
 ) -> Result<Json<RegisteredToolset>, ApiError> {
     let version = version(&query)?;
     Ok(Json(
-        app.engine.refresh_toolset(&name, version.as_ref()).await?,
+        detached({
+            let engine = app.engine.clone();
+            async move { engine.refresh_toolset(&name, version.as_ref()).await }
+        })
+        .await?,
     ))
 }
 
@@ -132,7 +140,9 @@ pub async fn remove(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     let version = version(&query)?;
-    let removed = app.engine.delete_toolset(&name, version.as_ref()).await?;
+    let (engine, n) = (app.engine.clone(), name.clone());
+    let removed =
+        detached(async move { engine.delete_toolset(&n, version.as_ref()).await }).await?;
     Ok(Json(json!({"name": name, "removed_versions": removed})))
 }
 

@@ -28,6 +28,47 @@ pub enum Error {
     Conflict(String),
 }
 
+/// A receiver of a thread's last durable sequence number. Dropping it lets
+/// the store forget the thread's entry (readers of threads that are never
+/// written again must not grow the store's memory).
+pub struct Watch {
+    receiver: Option<watch::Receiver<u64>>,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Watch {
+    pub fn new(receiver: watch::Receiver<u64>, on_drop: Box<dyn FnOnce() + Send + Sync>) -> Self {
+        Self {
+            receiver: Some(receiver),
+            on_drop: Some(on_drop),
+        }
+    }
+}
+
+impl std::ops::Deref for Watch {
+    type Target = watch::Receiver<u64>;
+
+    fn deref(&self) -> &Self::Target {
+        self.receiver.as_ref().expect("present until drop")
+    }
+}
+
+impl std::ops::DerefMut for Watch {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.receiver.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // The receiver first, so the store sees it gone.
+        drop(self.receiver.take());
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop();
+        }
+    }
+}
+
 /// A batch of changes to one thread, written atomically.
 pub struct Write<'a> {
     /// The thread's `last_seq` the changes were decided against; the write
@@ -61,7 +102,7 @@ pub trait Store: Send + Sync + 'static {
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error>;
 
     /// Watches the thread's last durable sequence number.
-    fn watch(&self, group_id: &str) -> watch::Receiver<u64>;
+    fn watch(&self, group_id: &str) -> Watch;
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error>;
     async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error>;

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use super::commit::GroupCommit;
-use super::{keys, Error, Store, Write};
+use super::{keys, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 
@@ -49,7 +49,12 @@ pub struct SledStore {
     /// Per thread with a write in flight or a reader waiting: the last
     /// durable sequence number. Readers never see past it, so an event that
     /// a crash could still take back is never shown to an agent.
-    tips: Mutex<HashMap<String, Tip>>,
+    tips: Arc<Mutex<HashMap<String, Tip>>>,
+    /// Set when a write failed after its journal entry, or a flush failed:
+    /// the trees may disagree with the journal, and replaying that entry
+    /// later could revert newer writes. Every later write is refused until
+    /// a restart replays the journal.
+    poisoned: std::sync::atomic::AtomicBool,
 }
 
 /// The trees a journal entry writes to.
@@ -111,7 +116,8 @@ impl SledStore {
             next_entry: AtomicU64::new(0),
             commit: GroupCommit::start(Arc::downgrade(&db)),
             db,
-            tips: Mutex::new(HashMap::new()),
+            tips: Arc::default(),
+            poisoned: std::sync::atomic::AtomicBool::new(false),
         };
         store.replay_journal()?;
         Ok(store)
@@ -197,6 +203,11 @@ impl Store for SledStore {
     /// then writing is a sound compare-and-set.
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
         let group_id = write.state.meta.group_id.as_str();
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Backend(
+                "an earlier write failed; restart Ferry to recover the store".into(),
+            ));
+        }
         let stored = self.meta(group_id)?.map_or(0, |m| m.last_seq);
         if stored != write.expected_last_seq {
             return Err(Error::Conflict(group_id.to_owned()));
@@ -236,12 +247,16 @@ impl Store for SledStore {
             .next_entry
             .fetch_add(1, Ordering::Relaxed)
             .to_be_bytes();
-        let result = self
-            .journal
-            .insert(entry, pack(&ops))
-            .map_err(backend)
-            .and_then(|_| self.apply(&ops))
-            .and_then(|_| self.journal.remove(entry).map(drop).map_err(backend));
+        let journaled = self.journal.insert(entry, pack(&ops)).map_err(backend);
+        let result = journaled.and_then(|_| {
+            let applied = self
+                .apply(&ops)
+                .and_then(|_| self.journal.remove(entry).map(drop).map_err(backend));
+            if applied.is_err() {
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+            applied
+        });
         if result.is_err() {
             self.publish(group_id, write.expected_last_seq);
         }
@@ -249,7 +264,11 @@ impl Store for SledStore {
     }
 
     async fn flush(&self) -> Result<(), Error> {
-        self.commit.flush().await.map_err(Error::Backend)
+        let flushed = self.commit.flush().await.map_err(Error::Backend);
+        if flushed.is_err() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        flushed
     }
 
     fn publish(&self, group_id: &str, seq: u64) {
@@ -293,23 +312,39 @@ impl Store for SledStore {
         Ok(out)
     }
 
-    fn watch(&self, group_id: &str) -> watch::Receiver<u64> {
+    fn watch(&self, group_id: &str) -> Watch {
         let mut tips = self.tips.lock().expect("tips lock");
-        if let Some(tip) = tips.get(group_id) {
-            return tip.durable.subscribe();
-        }
-        // No write in flight: everything stored is durable.
-        let last = self.meta(group_id).ok().flatten().map_or(0, |m| m.last_seq);
-        let sender = watch::Sender::new(last);
-        let receiver = sender.subscribe();
-        tips.insert(
-            group_id.to_owned(),
-            Tip {
-                durable: sender,
-                pending: 0,
-            },
-        );
-        receiver
+        let receiver = match tips.get(group_id) {
+            Some(tip) => tip.durable.subscribe(),
+            None => {
+                // No write in flight: everything stored is durable.
+                let last = self.meta(group_id).ok().flatten().map_or(0, |m| m.last_seq);
+                let sender = watch::Sender::new(last);
+                let receiver = sender.subscribe();
+                tips.insert(
+                    group_id.to_owned(),
+                    Tip {
+                        durable: sender,
+                        pending: 0,
+                    },
+                );
+                receiver
+            }
+        };
+        let (all, group_id) = (Arc::downgrade(&self.tips), group_id.to_owned());
+        Watch::new(
+            receiver,
+            Box::new(move || {
+                let Some(all) = all.upgrade() else { return };
+                let mut tips = all.lock().expect("tips lock");
+                if tips
+                    .get(&group_id)
+                    .is_some_and(|t| t.pending == 0 && t.durable.receiver_count() == 0)
+                {
+                    tips.remove(&group_id);
+                }
+            }),
+        )
     }
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
@@ -401,6 +436,19 @@ mod tests {
             })
             .await;
         assert!(matches!(stale, Err(Error::Conflict(_))));
+    }
+
+    #[tokio::test]
+    async fn watching_a_thread_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        for i in 0..100 {
+            drop(store.watch(&format!("never-written-{i}")));
+        }
+        let kept = store.watch("kept");
+        assert_eq!(store.tips.lock().unwrap().len(), 1);
+        drop(kept);
+        assert!(store.tips.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -55,6 +55,22 @@ pub enum Command {
     Revoke {
         tool: String,
     },
+    /// The user answers the call's pending `user_choice`.
+    Choose {
+        id: String,
+        answer: Answer,
+    },
+    /// The tool's `response_url` accepted the answer.
+    ChoiceDelivered {
+        id: String,
+    },
+}
+
+/// A user's answer: by index, or by the text of a choice.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Index(usize),
+    Text(String),
 }
 
 impl Command {
@@ -68,7 +84,9 @@ impl Command {
             | Command::Cancel { id }
             | Command::CancelSubscription { id }
             | Command::Lost { id }
-            | Command::Decide { id, .. } => vec![id],
+            | Command::Decide { id, .. }
+            | Command::Choose { id, .. }
+            | Command::ChoiceDelivered { id } => vec![id],
             Command::Callback(cb) => cb.call_id().into_iter().collect(),
             Command::Close | Command::Revoke { .. } => vec![],
         }
@@ -145,6 +163,10 @@ pub enum Rejection {
     NotDispatched(String),
     #[error("this thread has no standing grant for {0:?}")]
     NoGrant(String),
+    #[error("call {id:?} is {status:?}: it does not wait for the user's choice")]
+    NotAwaitingChoice { id: String, status: CallStatus },
+    #[error("{0}")]
+    BadChoice(String),
 }
 
 /// Decides what `command` does to `state`. Pure.
@@ -252,6 +274,50 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                 reviewer,
                 reason.clone(),
             )))
+        }
+        Command::Choose { id, answer } => {
+            let call = existing(state, id)?;
+            let pending = match (&call.choice, call.status) {
+                (Some(choice), CallStatus::AwaitingUser) => choice,
+                _ => {
+                    return Err(Rejection::NotAwaitingChoice {
+                        id: id.clone(),
+                        status: call.status,
+                    })
+                }
+            };
+            let index =
+                match answer {
+                    Answer::Index(i) if *i < pending.choices.len() => *i,
+                    Answer::Index(i) => {
+                        return Err(Rejection::BadChoice(format!(
+                            "index {i} is out of range: there are {} choices",
+                            pending.choices.len()
+                        )))
+                    }
+                    Answer::Text(text) => pending
+                        .choices
+                        .iter()
+                        .position(|c| c == text)
+                        .ok_or_else(|| {
+                            Rejection::BadChoice(format!("{text:?} is not one of the choices"))
+                        })?,
+                };
+            Ok(Decision::applied(vec![Change::of(
+                id,
+                EventKind::ChoiceMade {
+                    index,
+                    choice: pending.choices[index].clone(),
+                },
+            )]))
+        }
+        Command::ChoiceDelivered { id } => {
+            let call = existing(state, id)?;
+            Ok(if call.undelivered_choice.is_some() {
+                Decision::applied(vec![Change::of(id, EventKind::ChoiceDelivered {})])
+            } else {
+                Decision::nothing(Outcome::Duplicate)
+            })
         }
         Command::Revoke { tool } => {
             if !state.meta.grants.contains_key(tool) {

@@ -69,6 +69,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 subscription_ended: false,
                 approval_deadline: None,
                 approval: None,
+                undelivered_choice: None,
             };
             state.calls.insert(id.to_owned(), record);
         }
@@ -181,6 +182,23 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     } else {
                         CallStatus::Rejected
                     }
+                }
+                EventKind::ChoiceMade { index, .. } => {
+                    // Back to waiting for the tool, which answers next.
+                    let response_url = call
+                        .choice
+                        .take()
+                        .map(|c| c.response_url)
+                        .unwrap_or_default();
+                    call.undelivered_choice = Some(super::state::ChoiceAnswer {
+                        index: *index,
+                        response_url,
+                    });
+                    CallStatus::Dispatched
+                }
+                EventKind::ChoiceDelivered {} => {
+                    call.undelivered_choice = None;
+                    call.status
                 }
                 EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {} => {
                     meta.active_subscriptions.remove(id);

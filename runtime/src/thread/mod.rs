@@ -9,9 +9,11 @@ mod decide;
 mod evolve;
 mod state;
 
-pub use decide::{decide, Change, Command, Decision, Outcome, Rejection};
+pub use decide::{decide, Answer, Change, Command, Decision, Outcome, Rejection};
 pub use evolve::{apply, evolve};
-pub use state::{grant_key, ApprovalRecord, CallRecord, Gate, NewCall, ThreadMeta, ThreadState};
+pub use state::{
+    grant_key, ApprovalRecord, CallRecord, ChoiceAnswer, Gate, NewCall, ThreadMeta, ThreadState,
+};
 
 /// The text of the failure Ferry records when a tool server no longer knows
 /// a call it was sent (`rap-3`, recovery).

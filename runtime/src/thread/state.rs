@@ -67,6 +67,16 @@ pub struct CallRecord {
     /// How the approval gate was decided, when the tool is gated.
     #[serde(default)]
     pub approval: Option<ApprovalRecord>,
+    /// The user's answer to a `user_choice`, until the tool accepted it.
+    #[serde(default)]
+    pub undelivered_choice: Option<ChoiceAnswer>,
+}
+
+/// An answer on its way to the tool's `response_url`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceAnswer {
+    pub index: usize,
+    pub response_url: String,
 }
 
 /// A decision of the approval gate.

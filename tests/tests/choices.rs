@@ -1,0 +1,176 @@
+//! User interaction: answering a tool's `user_choice` through Ferry (the
+//! answer is durable, then delivered to the tool's `response_url`), and the
+//! `display` rendering rule of rap-2.
+
+use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
+use serde_json::{json, Value};
+
+async fn setup() -> (Ferry, TestTool, String) {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let url = tool.next_invocation().await.invocation.callback_url;
+    (ferry, tool, url)
+}
+
+fn prompt(tool: &TestTool) -> Value {
+    json!({"type": "user_choice", "group_id": "g", "id": "c", "prompt": "Which region?",
+           "choices": ["eu-west", "us-east"], "default": 0, "response_url": format!("{}/choice", tool.url)})
+}
+
+#[tokio::test]
+async fn an_answer_is_recorded_then_delivered_to_the_tool() {
+    let (ferry, tool, url) = setup().await;
+    let api = ferry.api();
+    assert_eq!(api.post(&url, &prompt(&tool)).await.0, 200);
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["status"], "awaiting_user");
+    assert_eq!(call["choice"]["choices"], json!(["eu-west", "us-east"]));
+
+    let (status, call) = api
+        .post(
+            "/v1/threads/g/calls/c/choice",
+            &json!({"choice": "us-east"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{call}");
+    assert_eq!(call["status"], "dispatched");
+    // rap-3: the runtime POSTs {"id": <call id>, "selected": <index>}.
+    let (kind, body) = tool.next_notice().await;
+    assert_eq!(
+        (kind.as_str(), body),
+        ("choice", json!({"id": "c", "selected": 1}))
+    );
+    let made = api.wait_for("g", "c", "choice_made").await;
+    assert_eq!(made["payload"], json!({"index": 1, "choice": "us-east"}));
+    api.wait_for("g", "c", "choice_delivered").await;
+    // Answering again: the call no longer waits for a choice.
+    let (status, body) = api
+        .post("/v1/threads/g/calls/c/choice", &json!({"index": 0}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_awaiting_choice"))
+    );
+    // The tool asks again (a new prompt): it is recorded, not swallowed.
+    assert_eq!(api.post(&url, &prompt(&tool)).await.1["status"], "applied");
+    assert_eq!(api.call("g", "c").await.1["status"], "awaiting_user");
+}
+
+#[tokio::test]
+async fn bad_answers_are_refused_and_change_nothing() {
+    let (ferry, tool, url) = setup().await;
+    let api = ferry.api();
+    // No prompt yet: nothing to answer.
+    let (status, body) = api
+        .post("/v1/threads/g/calls/c/choice", &json!({"index": 0}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_awaiting_choice"))
+    );
+    api.post(&url, &prompt(&tool)).await;
+    let before = api.events("g", 0).await.len();
+    let cases = [
+        (json!({"index": 2}), 422, "invalid_choice"),
+        (json!({"choice": "mars"}), 422, "invalid_choice"),
+        (
+            json!({"index": 0, "choice": "eu-west"}),
+            400,
+            "invalid_request",
+        ),
+        (json!({}), 400, "invalid_request"),
+        (json!({"index": -1}), 400, "invalid_request"),
+    ];
+    for (body, status, code) in cases {
+        let (got, reply) = api.post("/v1/threads/g/calls/c/choice", &body).await;
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}"
+        );
+    }
+    let (status, _) = api
+        .post("/v1/threads/g/calls/ghost/choice", &json!({"index": 0}))
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(api.events("g", 0).await.len(), before);
+    assert_eq!(api.call("g", "c").await.1["status"], "awaiting_user");
+}
+
+#[tokio::test]
+async fn display_renders_the_first_supported_segment_or_the_text() {
+    let (ferry, _tool, url) = setup().await;
+    let api = ferry.api();
+    let (status, call) = api.get("/v1/threads/g/calls/c?display=text").await;
+    assert_eq!(
+        (status, &call["display"]),
+        (200, &Value::Null),
+        "no result yet"
+    );
+    api.post(&url, &json!({"type": "tool_result", "group_id": "g", "id": "c", "text": "Replaced text in a.rs",
+        "display_as": [{"type": "diff", "content": {"path": "a.rs", "patch": "+x"}}, {"type": "text", "content": "edit a.rs"}]}))
+        .await;
+    let show = |types: &'static str| {
+        let api = api.clone();
+        async move {
+            api.get(&format!("/v1/threads/g/calls/c?display={types}"))
+                .await
+                .1["display"]
+                .clone()
+        }
+    };
+    assert_eq!(show("diff,text").await["type"], "diff");
+    assert_eq!(
+        show("text").await,
+        json!({"type": "text", "content": "edit a.rs"})
+    );
+    assert_eq!(
+        show("image").await,
+        json!({"type": "text", "content": "Replaced text in a.rs"})
+    );
+    assert!(api
+        .get("/v1/threads/g/calls/c")
+        .await
+        .1
+        .get("display")
+        .is_none());
+}
+
+#[tokio::test]
+async fn malformed_paths_and_redirecting_tools_are_handled() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(302)]);
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    // Invalid UTF-8 in a path segment: the API's error shape, not text.
+    let (status, body) = api.get("/v1/threads/%FF/events").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    let (status, body) = api.get(&format!("/v1/threads/{}", "g".repeat(600))).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    // A 3xx is not an acknowledgement (and is not followed).
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        result["payload"]["text"],
+        "Error: the tool refused the call (HTTP 302)"
+    );
+}
