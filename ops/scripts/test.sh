@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# The dashboard's end-to-end test drives a real browser: Debian's chromium.
+if [ -z "${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
+  echo "== installing chromium (Debian package) for the dashboard test"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
+
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
 cargo build --workspace --bins --tests --quiet

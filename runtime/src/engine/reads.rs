@@ -34,6 +34,22 @@ impl Engine {
             .ok_or_else(|| Error::NotFound(format!("no thread {group_id:?}")))
     }
 
+    /// The most recently active threads, newest first.
+    pub async fn recent_threads(&self, limit: usize) -> Result<Vec<ThreadMeta>, Error> {
+        let mut threads = self.store.threads().await?;
+        threads.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+        threads.truncate(limit);
+        Ok(threads)
+    }
+
+    /// A thread's calls, oldest first.
+    pub async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
+        self.settle(group_id).await?;
+        let mut calls = self.store.calls(group_id).await?;
+        calls.sort_by_key(|c| c.accepted_seq);
+        Ok(calls)
+    }
+
     /// Events after `after`, at most `limit`; when there are none yet, waits
     /// up to `wait` for the next one.
     pub async fn events(

@@ -10,6 +10,7 @@ mod ops;
 mod path;
 mod threads;
 mod toolsets;
+mod ui;
 mod views;
 
 use std::sync::Arc;
@@ -62,7 +63,9 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
         .route("/v1/toolsets/{name}/refresh", post(toolsets::refresh))
         .route("/v1/tools", get(toolsets::tools))
         .route("/v1/calls", post(calls::submit))
+        .route("/v1/threads", get(threads::list))
         .route("/v1/threads/{group_id}", get(threads::show))
+        .route("/v1/threads/{group_id}/calls", get(threads::calls))
         .route(
             "/v1/threads/{group_id}/calls/{id}",
             get(calls::show).delete(calls::cancel),
@@ -85,6 +88,7 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
             delete(approvals::revoke),
         )
         .route("/v1/callbacks/{token}", post(callbacks::receive))
+        .route("/ui", get(ui::page))
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
         .fallback(ops::not_found)

@@ -21,6 +21,39 @@ use super::{detached, ApiError, AppState};
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
+/// `GET /v1/threads?limit=N`: the most recently active threads.
+pub async fn list(
+    State(app): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = number::<usize>(&query, "limit")?
+        .unwrap_or(50)
+        .clamp(1, 500);
+    let threads: Vec<ThreadView> = app
+        .engine
+        .recent_threads(limit)
+        .await?
+        .into_iter()
+        .map(ThreadView::from)
+        .collect();
+    Ok(Json(json!({"threads": threads})))
+}
+
+/// `GET /v1/threads/{group_id}/calls`: the thread's calls, oldest first.
+pub async fn calls(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let calls: Vec<CallView> = app
+        .engine
+        .calls(&group_id)
+        .await?
+        .into_iter()
+        .map(|c| CallView::new(&group_id, c))
+        .collect();
+    Ok(Json(json!({"group_id": group_id, "calls": calls})))
+}
+
 pub async fn show(
     State(app): State<AppState>,
     Path(group_id): Path<String>,

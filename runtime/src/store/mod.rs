@@ -105,6 +105,12 @@ pub trait Store: Send + Sync + 'static {
     fn watch(&self, group_id: &str) -> Watch;
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error>;
+
+    /// Every thread's metadata (a scan: for dashboards, not hot paths).
+    async fn threads(&self) -> Result<Vec<ThreadMeta>, Error>;
+
+    /// Every call of one thread, by id.
+    async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error>;
     async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error>;
 
     /// Every call Ferry still expects something for (queued, dispatched,

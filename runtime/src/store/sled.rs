@@ -351,6 +351,22 @@ impl Store for SledStore {
         self.meta(group_id)
     }
 
+    async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
+        self.threads
+            .iter()
+            .values()
+            .map(|v| unpack(&v.map_err(backend)?))
+            .collect()
+    }
+
+    async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
+        self.calls
+            .scan_prefix(keys::thread(group_id))
+            .values()
+            .map(|v| unpack(&v.map_err(backend)?))
+            .collect()
+    }
+
     async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
         match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
             Some(bytes) => unpack(&bytes).map(Some),
