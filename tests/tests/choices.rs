@@ -174,3 +174,44 @@ async fn malformed_paths_and_redirecting_tools_are_handled() {
         "Error: the tool refused the call (HTTP 302)"
     );
 }
+
+#[tokio::test]
+async fn the_demo_gates_drop_table_and_asks_pick_region() {
+    let ferry = Ferry::with_demo().await;
+    let api = ferry.api();
+    // drop_table is annotated destructive: gated until a reviewer allows it.
+    let (_, reply) = api
+        .submit(json!({"operation": "drop_table", "arguments": {"table": "users"}, "group_id": "g", "id": "d"}))
+        .await;
+    assert_eq!(reply["status"], "pending_approval");
+    let (status, _) = api
+        .post(
+            "/v1/approvals/g/d",
+            &json!({"optionId": "allow_once", "reviewer": "ana"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let result = api.wait_for("g", "d", "tool_result").await;
+    assert!(result["payload"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("Dropped table users"));
+    // pick_region asks the user, who answers through Ferry.
+    api.submit(json!({"operation": "pick_region", "arguments": {}, "group_id": "g", "id": "p"}))
+        .await;
+    let asked = api.wait_for("g", "p", "user_choice").await;
+    assert_eq!(
+        asked["payload"]["choices"],
+        json!(["eu-west", "us-east", "ap-south"])
+    );
+    let (status, _) = api
+        .post(
+            "/v1/threads/g/calls/p/choice",
+            &json!({"choice": "ap-south"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let result = api.wait_for("g", "p", "tool_result").await;
+    assert_eq!(result["payload"]["text"], "region: ap-south");
+    api.wait_for("g", "p", "choice_delivered").await;
+}

@@ -1,6 +1,7 @@
-//! The demo RAP tool server (toolset `demo`): its manifest, its seven tools
-//! (echo, sleep, fail, flaky, ticks, authorize, diff), the callbacks they
-//! send, and the rap-3 notification endpoints — for tests, benches and demos.
+//! The demo RAP tool server (toolset `demo`): its manifest, its nine tools
+//! (echo, sleep, fail, flaky, ticks, authorize, diff, drop_table,
+//! pick_region), the callbacks they send, and the rap-3 notification
+//! endpoints — for tests, benches and demos.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,7 +16,7 @@ use axum::{Json, Router};
 use ferry_proto::rap::{
     Annotations, Callback, CancelToolCall, CloseThread, DiffContent, DisplaySegment, Invocation,
     KnownSegment, Manifest, OAuth, SubscriptionEvent, ToolCallStatus, ToolCallStatusReply, ToolDef,
-    ToolResult,
+    ToolResult, UserChoice,
 };
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -24,7 +25,7 @@ use tokio::sync::oneshot;
 
 /// Tries per callback POST; retried only on 5xx or a transport error.
 const CALLBACK_ATTEMPTS: u32 = 5;
-const TOOL_NAMES: [&str; 8] = [
+const TOOL_NAMES: [&str; 9] = [
     "echo",
     "sleep",
     "fail",
@@ -33,7 +34,11 @@ const TOOL_NAMES: [&str; 8] = [
     "authorize",
     "diff",
     "drop_table",
+    "pick_region",
 ];
+
+/// The regions `pick_region` offers; the first is the default.
+const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 
 /// The demo toolset server.
 pub struct DemoTool;
@@ -65,6 +70,7 @@ pub fn router() -> Router {
         .route("/close_thread", post(close_thread))
         .route("/tool_call_status", post(tool_call_status))
         .route("/authorize/{token}", get(authorize))
+        .route("/choice/{token}", post(choice))
         .route("/stats", get(stats))
         .with_state(shared)
 }
@@ -88,6 +94,8 @@ struct Inner {
     next_gen: u64,
     /// Pending `authorize` consents by token.
     consents: HashMap<String, oneshot::Sender<()>>,
+    /// Pending `pick_region` answers by token.
+    choices: HashMap<String, oneshot::Sender<usize>>,
 }
 
 /// A live call. Dropping it (cancel, close_thread, a newer invocation of the
@@ -184,6 +192,12 @@ async fn manifest(headers: HeaderMap) -> Json<Manifest> {
                 &["table"],
             )
         },
+        tool(
+            "pick_region",
+            "Asks the user to pick a region (user_choice callback), then answers with it.",
+            json!({}),
+            &[],
+        ),
     ];
     Json(Manifest {
         name: "demo".to_owned(),
@@ -237,6 +251,9 @@ struct DiffArgs {
 }
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct NoArgs {}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DropTableArgs {
     table: String,
 }
@@ -251,6 +268,7 @@ enum Op {
     Authorize(AuthorizeArgs),
     Diff(DiffArgs),
     DropTable(DropTableArgs),
+    PickRegion(NoArgs),
 }
 
 /// Checks the operation and its arguments; the error becomes an `Error: `
@@ -284,6 +302,7 @@ fn parse_op(inv: &Invocation) -> Result<Op, String> {
         "authorize" => Op::Authorize(args(inv)?),
         "diff" => Op::Diff(args(inv)?),
         "drop_table" => Op::DropTable(args(inv)?),
+        "pick_region" => Op::PickRegion(args(inv)?),
         other => {
             return Err(format!(
                 "unknown operation {other:?}; the demo toolset has {}",
@@ -384,6 +403,7 @@ impl Call {
                     .await
             }
             Op::Authorize(a) => self.authorize(a.text).await,
+            Op::PickRegion(NoArgs {}) => self.pick_region().await,
             Op::DropTable(DropTableArgs { table }) => {
                 self.finish(
                     format!("Dropped table {table} (not really: this is the demo)"),
@@ -445,6 +465,34 @@ impl Call {
         if granted {
             let text = text.map_or_else(|| "authorized".to_owned(), |t| format!("authorized: {t}"));
             self.finish(text, None).await;
+        }
+    }
+
+    /// Sends a `user_choice`, waits for the answer at its `response_url`,
+    /// then answers with the region picked.
+    async fn pick_region(&mut self) {
+        let token = uuid::Uuid::new_v4().to_string();
+        let (answer, answered) = oneshot::channel();
+        self.shared.lock().choices.insert(token.clone(), answer);
+        let prompt = UserChoice {
+            group_id: self.inv.group_id.clone(),
+            id: self.inv.id.clone(),
+            call_id: self.inv.call_id.clone(),
+            prompt: "Which region should this run in?".to_owned(),
+            choices: REGIONS.iter().map(|r| (*r).to_owned()).collect(),
+            default: 0,
+            response_url: format!("http://{}/choice/{token}", self.host),
+        };
+        self.send(&Callback::UserChoice(prompt)).await;
+        let selected = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => None,
+            answer = answered => answer.ok(),
+        };
+        self.shared.lock().choices.remove(&token);
+        if let Some(index) = selected {
+            self.finish(format!("region: {}", REGIONS[index]), None)
+                .await;
         }
     }
 
@@ -548,6 +596,33 @@ async fn tool_call_status(
         .live
         .contains_key(&(req.thread_id, req.tool_call_id));
     Json(ToolCallStatusReply { alive })
+}
+
+/// The answer to a `pick_region` prompt: `{"id": <call id>, "selected": i}`.
+#[derive(Deserialize)]
+struct ChoiceAnswer {
+    selected: usize,
+}
+
+async fn choice(
+    State(shared): State<Arc<Shared>>,
+    Path(token): Path<String>,
+    Json(answer): Json<ChoiceAnswer>,
+) -> Response {
+    if answer.selected >= REGIONS.len() {
+        return (StatusCode::UNPROCESSABLE_ENTITY, "no such region\n").into_response();
+    }
+    match shared.lock().choices.remove(&token) {
+        Some(waiting) => {
+            let _ = waiting.send(answer.selected);
+            StatusCode::OK.into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            "unknown or already answered prompt\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn authorize(State(shared): State<Arc<Shared>>, Path(token): Path<String>) -> Response {
