@@ -32,28 +32,6 @@ pub struct Register {
     approval_timeout_secs: Option<u64>,
 }
 
-/// `PATCH /v1/toolsets/{name}`: the policy fields alone.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyPatch {
-    #[serde(default)]
-    approval: Option<ApprovalMode>,
-    #[serde(default)]
-    tools: BTreeMap<String, ToolPolicy>,
-    #[serde(default)]
-    approval_timeout_secs: Option<u64>,
-}
-
-impl From<PolicyPatch> for ApprovalPolicy {
-    fn from(p: PolicyPatch) -> Self {
-        ApprovalPolicy {
-            approval: p.approval,
-            tools: p.tools,
-            approval_timeout_secs: p.approval_timeout_secs,
-        }
-    }
-}
-
 pub async fn register(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<Register>,
@@ -79,11 +57,10 @@ pub async fn set_policy(
     State(app): State<AppState>,
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-    JsonBody(patch): JsonBody<PolicyPatch>,
+    JsonBody(patch): JsonBody<ApprovalPolicy>,
 ) -> Result<Json<Value>, ApiError> {
     let version = version(&query)?;
     let (engine, n) = (app.engine.clone(), name.clone());
-    let patch: crate::toolsets::ApprovalPolicy = patch.into();
     let changed =
         detached(async move { engine.set_policy(&n, version.as_ref(), &patch).await }).await?;
     Ok(Json(json!({"name": name, "versions": changed})))

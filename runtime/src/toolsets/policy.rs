@@ -21,7 +21,9 @@ pub struct ToolPolicy {
     pub approval: Option<ApprovalMode>,
 }
 
+/// Also the body of `PATCH /v1/toolsets/{name}`, hence no unknown fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApprovalPolicy {
     /// The toolset-wide mode; when absent, tools annotated `destructive`
     /// require approval and the others do not.
