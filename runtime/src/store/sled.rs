@@ -175,12 +175,6 @@ impl SledStore {
             None => Ok(None),
         }
     }
-
-    /// Reads this adapter's sled for something only sled knows (size on
-    /// disk), for `/metrics` and benchmarks.
-    pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
-    }
 }
 
 #[async_trait]
