@@ -92,10 +92,9 @@ struct Inner {
     /// Calls accepted and not yet finished, cancelled, closed or superseded.
     live: HashMap<Key, Live>,
     next_gen: u64,
-    /// Pending `authorize` consents by token.
-    consents: HashMap<String, oneshot::Sender<()>>,
-    /// Pending `pick_region` answers by token.
-    choices: HashMap<String, oneshot::Sender<usize>>,
+    /// Calls waiting on the user (`authorize`'s consent, `pick_region`'s
+    /// answer), by the token in the URL the user is sent to.
+    waiting_on_user: HashMap<String, oneshot::Sender<usize>>,
 }
 
 /// A live call. Dropping it (cancel, close_thread, a newer invocation of the
@@ -445,10 +444,34 @@ impl Call {
         }
     }
 
-    async fn authorize(&mut self, text: Option<String>) {
+    /// A token for a URL the user answers at, and where the answer arrives.
+    fn ask_user(&self) -> (String, oneshot::Receiver<usize>) {
         let token = uuid::Uuid::new_v4().to_string();
-        let (consent, consented) = oneshot::channel();
-        self.shared.lock().consents.insert(token.clone(), consent);
+        let (answer, answered) = oneshot::channel();
+        self.shared
+            .lock()
+            .waiting_on_user
+            .insert(token.clone(), answer);
+        (token, answered)
+    }
+
+    /// The user's answer; `None` if the call was cancelled first.
+    async fn user_answer(
+        &mut self,
+        token: &str,
+        answered: oneshot::Receiver<usize>,
+    ) -> Option<usize> {
+        let answer = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => None,
+            answer = answered => answer.ok(),
+        };
+        self.shared.lock().waiting_on_user.remove(token);
+        answer
+    }
+
+    async fn authorize(&mut self, text: Option<String>) {
+        let (token, answered) = self.ask_user();
         let oauth = OAuth {
             group_id: self.inv.group_id.clone(),
             id: self.inv.id.clone(),
@@ -456,13 +479,7 @@ impl Call {
             auth_url: format!("http://{}/authorize/{token}", self.host),
         };
         self.send(&Callback::OAuth(oauth)).await;
-        let granted = tokio::select! {
-            biased;
-            _ = &mut self.cancelled => false,
-            answer = consented => answer.is_ok(),
-        };
-        self.shared.lock().consents.remove(&token);
-        if granted {
+        if self.user_answer(&token, answered).await.is_some() {
             let text = text.map_or_else(|| "authorized".to_owned(), |t| format!("authorized: {t}"));
             self.finish(text, None).await;
         }
@@ -471,9 +488,7 @@ impl Call {
     /// Sends a `user_choice`, waits for the answer at its `response_url`,
     /// then answers with the region picked.
     async fn pick_region(&mut self) {
-        let token = uuid::Uuid::new_v4().to_string();
-        let (answer, answered) = oneshot::channel();
-        self.shared.lock().choices.insert(token.clone(), answer);
+        let (token, answered) = self.ask_user();
         let prompt = UserChoice {
             group_id: self.inv.group_id.clone(),
             id: self.inv.id.clone(),
@@ -484,13 +499,7 @@ impl Call {
             response_url: format!("http://{}/choice/{token}", self.host),
         };
         self.send(&Callback::UserChoice(prompt)).await;
-        let selected = tokio::select! {
-            biased;
-            _ = &mut self.cancelled => None,
-            answer = answered => answer.ok(),
-        };
-        self.shared.lock().choices.remove(&token);
-        if let Some(index) = selected {
+        if let Some(index) = self.user_answer(&token, answered).await {
             self.finish(format!("region: {}", REGIONS[index]), None)
                 .await;
         }
@@ -612,7 +621,7 @@ async fn choice(
     if answer.selected >= REGIONS.len() {
         return (StatusCode::UNPROCESSABLE_ENTITY, "no such region\n").into_response();
     }
-    match shared.lock().choices.remove(&token) {
+    match shared.lock().waiting_on_user.remove(&token) {
         Some(waiting) => {
             let _ = waiting.send(answer.selected);
             StatusCode::OK.into_response()
@@ -626,9 +635,9 @@ async fn choice(
 }
 
 async fn authorize(State(shared): State<Arc<Shared>>, Path(token): Path<String>) -> Response {
-    match shared.lock().consents.remove(&token) {
+    match shared.lock().waiting_on_user.remove(&token) {
         Some(consent) => {
-            let _ = consent.send(());
+            let _ = consent.send(0);
             "authorized\n".into_response()
         }
         None => (

@@ -63,7 +63,7 @@ impl Engine {
                 }
                 EventKind::ToolResult { is_error, .. } => {
                     let status = executed.state.calls[&id].status;
-                    ::metrics::counter!(metrics::OUTCOMES, "status" => status_name(status))
+                    ::metrics::counter!(metrics::OUTCOMES, "status" => status_label(status))
                         .increment(1);
                     info!(group_id, call_id = %id, ?status, is_error, "call finished");
                 }
@@ -83,17 +83,11 @@ impl Engine {
     }
 }
 
-pub(crate) fn status_name(status: CallStatus) -> &'static str {
-    match status {
-        CallStatus::Queued => "queued",
-        CallStatus::Dispatched => "dispatched",
-        CallStatus::AwaitingAuth => "awaiting_auth",
-        CallStatus::AwaitingUser => "awaiting_user",
-        CallStatus::Subscribed => "subscribed",
-        CallStatus::Completed => "completed",
-        CallStatus::Failed => "failed",
-        CallStatus::Cancelled => "cancelled",
-        CallStatus::PendingApproval => "pending_approval",
-        CallStatus::Rejected => "rejected",
-    }
+/// A status as its API name (`awaiting_auth`), for metric labels: serde's
+/// rename is the one list of names.
+fn status_label(status: CallStatus) -> String {
+    serde_json::to_value(status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }

@@ -8,7 +8,7 @@ use tracing::{info, instrument};
 
 use super::{Engine, Error, Executed};
 use crate::metrics;
-use crate::thread::{CallRecord, Command, NewCall, Outcome};
+use crate::thread::{CallRecord, Command, NewCall, Outcome, Submission};
 use crate::toolsets::{self, ResolveError, CANCEL_SUBSCRIPTION};
 
 /// Whether a submission created the call or found it already there.
@@ -47,9 +47,7 @@ impl Engine {
             .unwrap_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()));
         let group_id = req.group_id.clone();
         let (command, target) = if req.operation == CANCEL_SUBSCRIPTION {
-            let schema = toolsets::cancel_subscription_schema();
-            let validator = jsonschema::validator_for(&schema).expect("built-in schema compiles");
-            toolsets::check_arguments(&validator, &req.arguments)
+            toolsets::check_arguments(toolsets::cancel_subscription_validator(), &req.arguments)
                 .map_err(Error::InvalidArguments)?;
             let target = req.arguments["tool_call_id"]
                 .as_str()
@@ -97,7 +95,7 @@ impl Engine {
         }
         ::metrics::counter!(metrics::CALLS_ACCEPTED).increment(1);
         info!(
-            operation = %call.operation, tool = %call.tool, user_id = call.user_id.as_deref().unwrap_or(""),
+            operation = %call.submission.operation, tool = %call.tool, user_id = call.submission.user_id.as_deref().unwrap_or(""),
             at = %call.created_at, "call accepted"
         );
         if let Some(cancelled) = target {
@@ -129,13 +127,13 @@ impl Engine {
         let token = self.caps.mint(group_id, &call.id);
         let invocation = Invocation {
             operation: target.tool_name.clone(),
-            arguments: call.arguments.clone(),
+            arguments: call.submission.arguments.clone(),
             id: call.id.clone(),
-            call_id: call.call_id.clone(),
+            call_id: call.submission.call_id.clone(),
             callback_url: format!("{}/v1/callbacks/{token}", self.config.public_url),
             group_id: group_id.to_owned(),
-            thread_ancestors: call.thread_ancestors.clone(),
-            user_id: call.user_id.clone(),
+            thread_ancestors: call.submission.thread_ancestors.clone(),
+            user_id: call.submission.user_id.clone(),
         };
         self.bus
             .publish(Work::Dispatch {
@@ -196,11 +194,13 @@ fn new_call(
 ) -> NewCall {
     NewCall {
         id,
-        call_id: req.call_id,
-        operation: req.operation,
-        arguments: req.arguments,
-        user_id: req.user_id,
-        thread_ancestors: req.thread_ancestors,
+        submission: Submission {
+            operation: req.operation,
+            arguments: req.arguments,
+            call_id: req.call_id,
+            user_id: req.user_id,
+            thread_ancestors: req.thread_ancestors,
+        },
         tool,
         target,
         gate: None,

@@ -372,12 +372,12 @@ fn accepted(call: &NewCall) -> Change {
     Change::of(
         &call.id,
         EventKind::CallAccepted {
-            operation: call.operation.clone(),
+            operation: call.submission.operation.clone(),
             tool: call.tool.clone(),
-            arguments: call.arguments.clone(),
-            call_id: call.call_id.clone(),
-            user_id: call.user_id.clone(),
-            thread_ancestors: call.thread_ancestors.clone(),
+            arguments: call.submission.arguments.clone(),
+            call_id: call.submission.call_id.clone(),
+            user_id: call.submission.user_id.clone(),
+            thread_ancestors: call.submission.thread_ancestors.clone(),
             target: call.target.clone(),
         },
     )
@@ -401,7 +401,7 @@ fn failure(id: &str, text: &str) -> Change {
 /// the same id is a conflict (invariant 2).
 fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
     if let Some(existing) = state.calls.get(&call.id) {
-        return if existing.same_submission(call) {
+        return if existing.submission == call.submission {
             Ok(Decision::nothing(Outcome::Duplicate))
         } else {
             Err(Rejection::Conflict(call.id.clone()))
@@ -430,8 +430,8 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
                 &call.id,
                 EventKind::ApprovalRequested {
                     tool: call.tool.clone(),
-                    arguments: call.arguments.clone(),
-                    user_id: call.user_id.clone(),
+                    arguments: call.submission.arguments.clone(),
+                    user_id: call.submission.user_id.clone(),
                     options: PermissionKind::ALL.iter().map(|k| k.option()).collect(),
                     deadline: gate.deadline.clone(),
                 },

@@ -3,7 +3,7 @@
 use ferry_proto::api::{CallResult, CallStatus, Event, EventKind, PendingChoice, ResultOrigin};
 
 use super::decide::Change;
-use super::state::ApprovalRecord;
+use super::state::{ApprovalRecord, Submission};
 use super::state::{CallRecord, ThreadState};
 
 /// Numbers `changes` after the thread's last event, stamps them with `at`,
@@ -50,11 +50,13 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
             *meta.counts.entry(CallStatus::Queued).or_default() += 1;
             let record = CallRecord {
                 id: id.to_owned(),
-                call_id: call_id.clone(),
-                operation: operation.clone(),
-                arguments: arguments.clone(),
-                user_id: user_id.clone(),
-                thread_ancestors: thread_ancestors.clone(),
+                submission: Submission {
+                    operation: operation.clone(),
+                    arguments: arguments.clone(),
+                    call_id: call_id.clone(),
+                    user_id: user_id.clone(),
+                    thread_ancestors: thread_ancestors.clone(),
+                },
                 tool: tool.clone(),
                 target: target.clone(),
                 status: CallStatus::Queued,

@@ -12,7 +12,8 @@ mod state;
 pub use decide::{decide, Answer, Change, Command, Decision, Outcome, Rejection};
 pub use evolve::{apply, evolve};
 pub use state::{
-    grant_key, ApprovalRecord, CallRecord, ChoiceAnswer, Gate, NewCall, ThreadMeta, ThreadState,
+    grant_key, ApprovalRecord, CallRecord, ChoiceAnswer, Gate, NewCall, Submission, ThreadMeta,
+    ThreadState,
 };
 
 /// The text of the failure Ferry records when a tool server no longer knows

@@ -36,13 +36,7 @@ pub struct ThreadMeta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     pub id: String,
-    pub call_id: Option<String>,
-    /// As the agent named it; with the fields below, what makes a resubmission
-    /// "the same body".
-    pub operation: String,
-    pub arguments: Value,
-    pub user_id: Option<String>,
-    pub thread_ancestors: Option<Vec<String>>,
+    pub submission: Submission,
     /// Fully qualified tool name: `Toolset.tool@version` (or the built-in's
     /// name).
     pub tool: String,
@@ -93,15 +87,16 @@ pub fn grant_key(tool: &str) -> &str {
     tool.split('@').next().unwrap_or(tool)
 }
 
-impl CallRecord {
-    /// Whether `other` is the same submission as the one that made this call.
-    pub fn same_submission(&self, other: &NewCall) -> bool {
-        self.operation == other.operation
-            && self.arguments == other.arguments
-            && self.call_id == other.call_id
-            && self.user_id == other.user_id
-            && self.thread_ancestors == other.thread_ancestors
-    }
+/// What the agent sent, as it sent it: a resubmission under the same id is
+/// the same call exactly when this is equal (invariant 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Submission {
+    /// As the agent named it (bare or qualified).
+    pub operation: String,
+    pub arguments: Value,
+    pub call_id: Option<String>,
+    pub user_id: Option<String>,
+    pub thread_ancestors: Option<Vec<String>>,
 }
 
 /// A call as submitted, after its tool was resolved and its arguments
@@ -109,11 +104,7 @@ impl CallRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCall {
     pub id: String,
-    pub call_id: Option<String>,
-    pub operation: String,
-    pub arguments: Value,
-    pub user_id: Option<String>,
-    pub thread_ancestors: Option<Vec<String>>,
+    pub submission: Submission,
     pub tool: String,
     pub target: Option<ToolTarget>,
     /// Set when the tool is gated behind approval.

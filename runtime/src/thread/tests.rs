@@ -12,11 +12,13 @@ const G: &str = "thread";
 fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
     NewCall {
         id: id.into(),
-        call_id: None,
-        operation: "echo".into(),
-        arguments,
-        user_id: None,
-        thread_ancestors: None,
+        submission: Submission {
+            operation: "echo".into(),
+            arguments,
+            call_id: None,
+            user_id: None,
+            thread_ancestors: None,
+        },
         tool: "demo.echo@1.0.0".into(),
         target: Some(ToolTarget {
             tool_name: "echo".into(),
