@@ -420,6 +420,25 @@ mod tests {
         }
     }
 
+    /// Opens a store just dropped in this process. sled's I/O threads may
+    /// still hold the directory lock for a moment after the drop (a restart
+    /// is a new process, where this cannot happen), so retry, bounded.
+    async fn reopen(dir: &Path) -> SledStore {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match SledStore::open(dir) {
+                Ok(store) => return store,
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("reopening the store: {e}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn writes_read_back_and_a_stale_expectation_conflicts() {
         let dir = tempfile::tempdir().unwrap();
@@ -486,7 +505,7 @@ mod tests {
                 .unwrap();
             store.db.flush().unwrap();
         }
-        let store = SledStore::open(dir.path()).unwrap();
+        let store = reopen(dir.path()).await;
         assert_eq!(store.thread("g").await.unwrap().unwrap().last_seq, 1);
         assert_eq!(store.events("g", 0, 10).await.unwrap(), vec![event("g", 1)]);
         assert!(store.journal.is_empty());
