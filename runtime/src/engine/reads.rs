@@ -76,6 +76,33 @@ impl Engine {
         Ok(self.store.events(group_id, after, limit).await?)
     }
 
+    /// Reads the call until `done` holds for it or `wait` passes, re-reading
+    /// after every new durable event of its thread; returns the call as last
+    /// read. The protocol fronts (MCP, OXP) use it to answer with a result.
+    pub async fn wait_for_call(
+        &self,
+        group_id: &str,
+        id: &str,
+        wait: Duration,
+        done: impl Fn(&CallRecord) -> bool,
+    ) -> Result<CallRecord, Error> {
+        let mut tip = self.watch(group_id)?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Mark the tip seen before reading, so an event landing between
+            // the read and the wait still wakes us.
+            tip.borrow_and_update();
+            let call = self.call(group_id, id).await?;
+            if done(&call) {
+                return Ok(call);
+            }
+            match tokio::time::timeout_at(deadline, tip.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Ok(call),
+            }
+        }
+    }
+
     /// A receiver of the thread's last durable sequence number, for streams.
     pub fn watch(&self, group_id: &str) -> Result<crate::store::Watch, Error> {
         self.check_id("group_id", group_id)?;
