@@ -13,6 +13,9 @@ if [ -z "${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
 
+# The cluster tests start real nats-servers.
+bash ops/scripts/install-nats.sh
+
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
 cargo build --workspace --bins --tests --quiet

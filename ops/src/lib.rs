@@ -2,5 +2,6 @@
 //! the benchmark.
 
 pub mod bench;
+pub mod cluster;
 pub mod demo_tool;
 pub mod serve;

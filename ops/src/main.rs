@@ -1,5 +1,6 @@
 //! The `ferry` command: `serve` (everything in one process on the embedded
-//! default) and `demo-tool` (the RAP demo toolset on its own).
+//! default), the cluster roles `runtime` and `worker` (on NATS JetStream),
+//! `demo-tool` (the RAP demo toolset on its own) and `bench`.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
 use ferry_ops::serve::{start, ServeOptions};
 use ferry_worker::DispatchConfig;
@@ -38,6 +40,10 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8090", env = "FERRY_DEMO_LISTEN")]
         listen: SocketAddr,
     },
+    /// A cluster runtime node: HTTP ingress and reads, on NATS JetStream.
+    Runtime(Runtime),
+    /// A cluster worker: applies requests and dispatches calls (stateless).
+    Worker(WorkerArgs),
     /// Measure the whole path against direct RAP to the same tool.
     Bench(ferry_ops::bench::BenchArgs),
 }
@@ -70,6 +76,13 @@ struct Serve {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
     max_body_bytes: usize,
+    #[command(flatten)]
+    dispatch: DispatchArgs,
+}
+
+/// How calls are dispatched to tools.
+#[derive(Args)]
+struct DispatchArgs {
     /// Dispatch attempts per call before it fails.
     #[arg(long, default_value_t = DispatchConfig::default().max_attempts, env = "FERRY_MAX_ATTEMPTS")]
     max_attempts: u32,
@@ -78,6 +91,85 @@ struct Serve {
     initial_backoff_ms: u64,
     #[arg(long, default_value_t = 10_000, env = "FERRY_MAX_BACKOFF_MS")]
     max_backoff_ms: u64,
+}
+
+impl DispatchArgs {
+    fn config(&self) -> anyhow::Result<DispatchConfig> {
+        anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
+        Ok(DispatchConfig {
+            max_attempts: self.max_attempts,
+            initial_backoff: Duration::from_millis(self.initial_backoff_ms),
+            max_backoff: Duration::from_millis(self.max_backoff_ms),
+            ..DispatchConfig::default()
+        })
+    }
+}
+
+/// What the cluster roles share.
+#[derive(Args)]
+struct ClusterArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", env = "FERRY_NATS")]
+    nats: String,
+    /// Secret for callback tokens: the same on every runtime node and worker.
+    #[arg(long, env = "FERRY_SECRET", hide_env_values = true)]
+    secret: String,
+    /// Base URL tools reach the runtime nodes at (a load balancer, or one
+    /// node). Required for workers (it goes into callback URLs); a runtime
+    /// node defaults to its own address.
+    #[arg(long, env = "FERRY_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// Replicas of each JetStream stream (3 on a three-node NATS cluster).
+    #[arg(long, default_value_t = 1, env = "FERRY_REPLICAS")]
+    replicas: usize,
+}
+
+impl ClusterArgs {
+    fn options(self) -> ClusterOptions {
+        ClusterOptions {
+            nats: self.nats,
+            secret: self.secret,
+            public_url: self.public_url,
+            replicas: self.replicas,
+        }
+    }
+}
+
+#[derive(Args)]
+struct Runtime {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Address of the HTTP API (agents and tool callbacks).
+    #[arg(long, default_value = "127.0.0.1:8080", env = "FERRY_LISTEN")]
+    listen: SocketAddr,
+    /// Directory of this node's journal (outbox).
+    #[arg(long, default_value = "./ferry-data", env = "FERRY_DATA")]
+    data: PathBuf,
+    /// A RAP tool server's base URL to register at start (repeatable).
+    #[arg(
+        long = "tool-server",
+        env = "FERRY_TOOL_SERVERS",
+        value_delimiter = ','
+    )]
+    tool_servers: Vec<String>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
+    max_body_bytes: usize,
+    /// How long to wait for a worker's answer before answering 202
+    /// "journaled", in milliseconds.
+    #[arg(long, default_value_t = 5_000, env = "FERRY_REPLY_WAIT_MS")]
+    reply_wait_ms: u64,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    dispatch: DispatchArgs,
+    /// Requests and dispatches in progress at once.
+    #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
+    concurrency: usize,
 }
 
 #[tokio::main]
@@ -97,6 +189,19 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        Command::Runtime(args) => runtime(args).await,
+        Command::Worker(args) => {
+            anyhow::ensure!(
+                args.cluster.public_url.is_some(),
+                "a worker needs --public-url: the runtime nodes' address, for callback URLs"
+            );
+            ferry_ops::cluster::run_worker(WorkerOptions {
+                dispatch: args.dispatch.config()?,
+                cluster: args.cluster.options(),
+                concurrency: args.concurrency,
+            })
+            .await
+        }
         Command::Bench(args) => ferry_ops::bench::main(args).await,
         Command::DemoTool { listen } => {
             let listener = tokio::net::TcpListener::bind(listen)
@@ -114,7 +219,6 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         args.max_body_bytes >= 1024,
         "--max-body-bytes must be at least 1024"
     );
-    anyhow::ensure!(args.max_attempts >= 1, "--max-attempts must be at least 1");
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -126,12 +230,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         demo: args.demo,
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
-        dispatch: DispatchConfig {
-            max_attempts: args.max_attempts,
-            initial_backoff: Duration::from_millis(args.initial_backoff_ms),
-            max_backoff: Duration::from_millis(args.max_backoff_ms),
-            ..DispatchConfig::default()
-        },
+        dispatch: args.dispatch.config()?,
         ..ServeOptions::default()
     };
     let render = std::sync::Arc::new(move || prometheus.render());
@@ -141,6 +240,30 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
     if let Some(demo) = &running.demo_url {
         println!("demo tool listening on {demo}");
     }
+    server.await??;
+    Ok(())
+}
+
+async fn runtime(args: Runtime) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.max_body_bytes >= 1024,
+        "--max-body-bytes must be at least 1024"
+    );
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let options = RuntimeOptions {
+        cluster: args.cluster.options(),
+        listen: args.listen,
+        data: args.data,
+        tool_servers: args.tool_servers,
+        max_body_bytes: args.max_body_bytes,
+        reply_wait: Duration::from_millis(args.reply_wait_ms),
+    };
+    let render = std::sync::Arc::new(move || prometheus.render());
+    let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
+    // The same announcement as `serve`, for scripts and tests.
+    println!("ferry listening on http://{}", running.addr);
     server.await??;
     Ok(())
 }

@@ -61,7 +61,7 @@ pub struct Running {
 }
 
 /// Reads the secret kept in the data dir, creating it on first start.
-fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>> {
     if let Some(s) = given {
         anyhow::ensure!(s.len() >= 16, "the secret must be at least 16 bytes");
         return Ok(s.as_bytes().to_vec());
@@ -90,6 +90,17 @@ fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>> {
     Ok(fresh.to_vec())
 }
 
+/// The client for tools: dispatch, notifications, discovery.
+pub(crate) fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        // A redirect would turn an invocation POST into a body-less GET
+        // that could still answer 200: a 3xx must end the dispatch instead.
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(256)
+        .build()?)
+}
+
 /// Starts Ferry and returns once it accepts requests; it serves until
 /// `shutdown` resolves.
 pub async fn start(
@@ -113,13 +124,7 @@ pub async fn start(
     let store = SledStore::open(&options.data.join("sled"))
         .with_context(|| format!("opening the store in {}", options.data.display()))?;
     let bus = LocalBus::new(options.concurrency);
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        // A redirect would turn an invocation POST into a body-less GET
-        // that could still answer 200: a 3xx must end the dispatch instead.
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(256)
-        .build()?;
+    let client = http_client()?;
     let config = Config {
         public_url: public_url.clone(),
         max_body_bytes: options.max_body_bytes,

@@ -3,6 +3,7 @@
 //! fronts.
 
 pub mod bus;
+pub mod cluster;
 pub mod engine;
 pub mod http;
 pub mod metrics;

@@ -54,7 +54,9 @@ pub fn binary() -> &'static Path {
 
 #[derive(Clone, Debug)]
 pub struct FerryOptions {
-    /// Extra arguments to `ferry serve`.
+    /// `serve` (one process) or `runtime` (a cluster node).
+    pub command: &'static str,
+    /// Extra arguments to the command.
     pub args: Vec<String>,
     pub demo: bool,
     pub tool_servers: Vec<String>,
@@ -72,6 +74,18 @@ impl Default for FerryOptions {
             ],
             demo: false,
             tool_servers: vec![],
+            command: "serve",
+        }
+    }
+}
+
+impl FerryOptions {
+    /// A cluster runtime node on `nats`.
+    pub fn runtime(nats: &str) -> Self {
+        Self {
+            command: "runtime",
+            args: vec!["--nats".into(), nats.into()],
+            ..Self::default()
         }
     }
 }
@@ -112,7 +126,7 @@ impl Ferry {
 
     async fn spawn(&mut self) {
         let mut cmd = Command::new(binary());
-        cmd.arg("serve")
+        cmd.arg(self.options.command)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--data")
@@ -173,6 +187,13 @@ impl Ferry {
 
     pub fn api(&self) -> Api {
         Api::new(&self.url)
+    }
+
+    /// Whether the process is still running (it has not exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
     /// SIGKILL: no shutdown, no flush.

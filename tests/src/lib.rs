@@ -3,11 +3,16 @@
 //! tool server, and a client for the native API.
 
 pub mod api;
+pub mod cluster;
 pub mod ferry;
+pub mod nats;
+pub mod sse;
 pub mod tool;
 
 pub use api::Api;
+pub use cluster::FerryWorker;
 pub use ferry::{Ferry, FerryOptions};
+pub use nats::{Nats, NatsCluster};
 pub use tool::{Ack, Invoked, Liveness, TestTool};
 
 /// The secret test processes run with, so tests can mint callback tokens

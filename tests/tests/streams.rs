@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::Invocation;
 use ferry_tests::api::seg;
+use ferry_tests::sse::{Sse, SseReader};
 use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
-use futures::stream::{BoxStream, StreamExt};
 use serde_json::{json, Value};
 
 /// Asserts an answer is the API's error shape with `status` and `code`.
@@ -157,92 +157,6 @@ async fn long_poll_honours_wait_limit_and_after() {
     assert_eq!(seqs(&api.events("g", 0).await), [1, 2, 3, 4, 5, 6]);
 }
 
-/// One Server-Sent Event.
-#[derive(Debug)]
-struct Sse {
-    id: Option<String>,
-    event: Option<String>,
-    data: Value,
-}
-
-/// Reads a `text/event-stream` body event by event.
-struct SseReader {
-    body: BoxStream<'static, reqwest::Result<Vec<u8>>>,
-    buf: Vec<u8>,
-}
-
-impl SseReader {
-    async fn open(api: &Api, query: &str, last_event_id: Option<&str>) -> SseReader {
-        let mut request = api
-            .client
-            .get(format!("{}/v1/threads/g/stream{query}", api.base));
-        if let Some(id) = last_event_id {
-            request = request.header("last-event-id", id);
-        }
-        let response = request.send().await.expect("GET stream");
-        assert_eq!(response.status(), 200);
-        let content_type = response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .to_owned();
-        assert!(
-            content_type.starts_with("text/event-stream"),
-            "{content_type}"
-        );
-        SseReader {
-            body: response
-                .bytes_stream()
-                .map(|chunk| chunk.map(|b| b.to_vec()))
-                .boxed(),
-            buf: vec![],
-        }
-    }
-
-    async fn next(&mut self) -> Sse {
-        tokio::time::timeout(Duration::from_secs(20), self.read())
-            .await
-            .expect("no event on the stream")
-    }
-
-    async fn read(&mut self) -> Sse {
-        loop {
-            while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
-                if let Some(event) = parse_block(&String::from_utf8(block).unwrap()) {
-                    return event;
-                }
-            }
-            let chunk = self
-                .body
-                .next()
-                .await
-                .expect("the stream ended")
-                .expect("stream error");
-            self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
-        }
-    }
-}
-
-/// Parses one event block; `None` for a comment-only block (keep-alive).
-fn parse_block(block: &str) -> Option<Sse> {
-    let (mut id, mut event, mut data) = (None, None, Vec::new());
-    for line in block.lines() {
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "id" => id = Some(value.to_owned()),
-            "event" => event = Some(value.to_owned()),
-            "data" => data.push(value),
-            _ => {}
-        }
-    }
-    if data.is_empty() {
-        return None;
-    }
-    let data = serde_json::from_str(&data.join("\n")).expect("data is JSON");
-    Some(Sse { id, event, data })
-}
-
 /// Asserts an SSE event is event `seq` of type `kind`, `id` being the seq.
 fn assert_sse(sse: &Sse, seq: u64, kind: &str) {
     assert_eq!(sse.id.as_deref(), Some(seq.to_string().as_str()), "{sse:?}");
@@ -258,7 +172,7 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     let api = ferry.api();
 
     // A stream opened on an empty thread receives its first event.
-    let mut live = SseReader::open(&api, "", None).await;
+    let mut live = SseReader::open(&api, "/v1/threads/g/stream", None).await;
     let invocation = dispatched(&api, &tool, "g", "c1").await;
     assert_sse(&live.next().await, 1, "call_accepted");
     assert_sse(&live.next().await, 2, "call_dispatched");
@@ -269,7 +183,7 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     assert_eq!(result.data["payload"]["text"], "one");
 
     // A fresh stream replays from the start, in order.
-    let mut replay = SseReader::open(&api, "", None).await;
+    let mut replay = SseReader::open(&api, "/v1/threads/g/stream", None).await;
     for (seq, kind) in [
         (1, "call_accepted"),
         (2, "call_dispatched"),
@@ -287,8 +201,8 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     }
 
     // Resuming: `Last-Event-ID: 2` and `?after=2` both start at seq 3.
-    let mut resumed = SseReader::open(&api, "", Some("2")).await;
-    let mut after = SseReader::open(&api, "?after=2", None).await;
+    let mut resumed = SseReader::open(&api, "/v1/threads/g/stream", Some("2")).await;
+    let mut after = SseReader::open(&api, "/v1/threads/g/stream?after=2", None).await;
     for stream in [&mut resumed, &mut after] {
         for (seq, kind) in [
             (3, "tool_result"),

@@ -2,6 +2,7 @@
 //! handled one item at a time, in order; threads proceed in parallel.
 //! `local` is the in-process adapter of `ferry serve`.
 
+pub mod jetstream;
 mod local;
 
 use async_trait::async_trait;

@@ -26,15 +26,14 @@ impl Engine {
         result.map(|(_, outcome)| outcome)
     }
 
-    async fn callback_inner(
+    /// Authenticates the token and parses the body, checking it names what
+    /// the token was issued for: `(group_id, call id, callback)`.
+    pub fn check_callback(
         &self,
         token: &str,
         body: &[u8],
-    ) -> Result<(&'static str, Outcome), Error> {
+    ) -> Result<(String, String, Callback), Error> {
         let (group_id, id) = self.caps.open(token).map_err(|_| Error::Forged)?;
-        let span = tracing::Span::current();
-        span.record("group_id", group_id.as_str());
-        span.record("call_id", id.as_str());
         let callback = Callback::from_slice(body).map_err(|e| Error::BadCallback(e.to_string()))?;
         if callback.group_id() != group_id {
             return Err(Error::Mismatch(format!(
@@ -46,7 +45,20 @@ impl Engine {
             if named != id {
                 return Err(Error::Mismatch(format!("call {named:?}")));
             }
-        } else if self.store.call(&group_id, &id).await?.is_none() {
+        }
+        Ok((group_id, id, callback))
+    }
+
+    async fn callback_inner(
+        &self,
+        token: &str,
+        body: &[u8],
+    ) -> Result<(&'static str, Outcome), Error> {
+        let (group_id, id, callback) = self.check_callback(token, body)?;
+        let span = tracing::Span::current();
+        span.record("group_id", group_id.as_str());
+        span.record("call_id", id.as_str());
+        if callback.call_id().is_none() && self.store.call(&group_id, &id).await?.is_none() {
             // A view_update names no call; its token still must name one.
             return Err(Error::Rejected(crate::thread::Rejection::UnknownCall(id)));
         }

@@ -30,7 +30,9 @@ impl Engine {
         result
     }
 
-    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+    /// Everything about a submission that can be checked without reading
+    /// its thread: ids, the tool, and the arguments against its schema.
+    pub fn check_submission(&self, req: &SubmitCall) -> Result<(), Error> {
         self.check_id("group_id", &req.group_id)?;
         if let Some(id) = &req.id {
             self.check_id("id", id)?;
@@ -41,14 +43,28 @@ impl Engine {
         if req.operation.is_empty() {
             return Err(Error::InvalidRequest("operation must not be empty".into()));
         }
-        let id = req
-            .id
-            .clone()
-            .unwrap_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()));
+        if req.operation == CANCEL_SUBSCRIPTION {
+            toolsets::check_arguments(toolsets::cancel_subscription_validator(), &req.arguments)
+                .map_err(Error::InvalidArguments)
+        } else {
+            let resolved = self.resolve(&req.operation)?;
+            toolsets::check_arguments(&resolved.validator, &req.arguments)
+                .map_err(Error::InvalidArguments)
+        }
+    }
+
+    fn resolve(&self, operation: &str) -> Result<toolsets::Resolved, Error> {
+        self.registry.resolve(operation).map_err(|e| match e {
+            ResolveError::Ambiguous { .. } => Error::AmbiguousTool(e.to_string()),
+            _ => Error::UnknownTool(e.to_string()),
+        })
+    }
+
+    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+        self.check_submission(&req)?;
+        let id = req.id.clone().unwrap_or_else(fresh_id);
         let group_id = req.group_id.clone();
         let (command, target) = if req.operation == CANCEL_SUBSCRIPTION {
-            toolsets::check_arguments(toolsets::cancel_subscription_validator(), &req.arguments)
-                .map_err(Error::InvalidArguments)?;
             let target = req.arguments["tool_call_id"]
                 .as_str()
                 .unwrap_or_default()
@@ -62,12 +78,7 @@ impl Engine {
                 Some(target),
             )
         } else {
-            let resolved = self.registry.resolve(&req.operation).map_err(|e| match e {
-                ResolveError::Ambiguous { .. } => Error::AmbiguousTool(e.to_string()),
-                _ => Error::UnknownTool(e.to_string()),
-            })?;
-            toolsets::check_arguments(&resolved.validator, &req.arguments)
-                .map_err(Error::InvalidArguments)?;
+            let resolved = self.resolve(&req.operation)?;
             let gate = match resolved.approval_timeout {
                 Some(secs) => Some(
                     self.gate(&resolved.qualified, secs, req.thread_ancestors.as_deref())
@@ -184,6 +195,11 @@ impl Engine {
         }
         Ok(executed.state.meta.last_seq)
     }
+}
+
+/// A call id for a submission that named none.
+pub fn fresh_id() -> String {
+    format!("call_{}", uuid::Uuid::new_v4().simple())
 }
 
 fn new_call(

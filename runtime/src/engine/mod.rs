@@ -13,6 +13,7 @@ mod choices;
 mod outcomes;
 mod reads;
 mod recovery;
+pub mod requests;
 mod toolsets;
 
 use std::hash::{DefaultHasher, Hash, Hasher};

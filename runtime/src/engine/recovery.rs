@@ -88,6 +88,29 @@ impl Engine {
         })
     }
 
+    /// The cluster's recovery sweep, run by every worker at start and then
+    /// periodically: re-arms approval timeouts and re-sends undelivered
+    /// choices of every open call. Dispatch work needs no sweep there (it
+    /// waits in JetStream until a worker acks it). Arming a timer twice, or
+    /// on two workers, is harmless: the state machine takes one decision.
+    pub async fn rearm(self: &Arc<Self>) -> Result<usize, Error> {
+        let mut rearmed = 0;
+        for (group_id, id) in self.store.open_calls().await? {
+            let Some(call) = self.store.call(&group_id, &id).await? else {
+                continue;
+            };
+            if let Some(answer) = call.undelivered_choice.clone() {
+                self.deliver(&group_id, &id, answer);
+                rearmed += 1;
+            }
+            if call.status == CallStatus::PendingApproval {
+                self.arm(&group_id, &call);
+                rearmed += 1;
+            }
+        }
+        Ok(rearmed)
+    }
+
     /// Asks `server` about one call and prunes it if the server lost it.
     /// Returns whether it was pruned.
     async fn check_liveness(&self, group_id: &str, id: &str, server: &str) -> bool {

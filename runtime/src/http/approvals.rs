@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::JsonBody;
-use super::views::CallView;
-use super::{detached, ApiError, AppState};
+use super::{journaled, unexpected, ApiError, AppState};
+use crate::engine::requests::{Reply, Request};
 
 /// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
 /// first, across threads.
@@ -82,31 +82,32 @@ pub async fn decide(
     State(app): State<AppState>,
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
-) -> Result<Json<CallView>, ApiError> {
-    let (engine, g) = (app.engine.clone(), group_id.clone());
-    let call = detached(async move {
-        engine
-            .decide_approval(
-                &g,
-                &id,
-                &decision.option_id,
-                &decision.reviewer,
-                decision.reason,
-            )
-            .await
-    })
-    .await?;
-    Ok(Json(CallView::new(&group_id, call)))
+) -> Result<axum::response::Response, ApiError> {
+    let request = Request::Decide {
+        group_id: group_id.clone(),
+        id,
+        option_id: decision.option_id,
+        reviewer: decision.reviewer,
+        reason: decision.reason,
+    };
+    super::calls::call_reply(&app, &group_id, request).await
 }
 
 /// `DELETE /v1/threads/{group_id}/grants/{tool}`.
 pub async fn revoke(
     State(app): State<AppState>,
     Path((group_id, tool)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
-    let (engine, g, t) = (app.engine.clone(), group_id.clone(), tool.clone());
-    detached(async move { engine.revoke_grant(&g, &t).await }).await?;
-    Ok(Json(
-        json!({"group_id": group_id, "tool": tool, "revoked": true}),
-    ))
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let request = Request::RevokeGrant {
+        group_id: group_id.clone(),
+        tool: tool.clone(),
+    };
+    match app.perform(request).await? {
+        Reply::Revoked => {
+            Ok(Json(json!({"group_id": group_id, "tool": tool, "revoked": true})).into_response())
+        }
+        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id, "tool": tool}))),
+        other => Err(unexpected(other)),
+    }
 }

@@ -3,10 +3,11 @@
 use super::path::Path;
 use axum::extract::{Request, State};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::body::read_bytes;
-use super::{detached, ApiError, AppState};
+use super::{journaled, unexpected, ApiError, AppState};
+use crate::engine::requests::{self, Reply};
 
 /// 200 `{"status": "applied" | "duplicate" | "ignored"}` once durable.
 /// 403 for a forged token or a body naming another call; 404 for an unknown
@@ -16,11 +17,16 @@ pub async fn receive(
     State(app): State<AppState>,
     Path(token): Path<String>,
     request: Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
     let body = read_bytes(request, app.engine.config().max_body_bytes).await?;
-    let engine = app.engine.clone();
-    let outcome = detached(async move { engine.callback(&token, &body).await }).await?;
-    Ok(Json(
-        json!({"status": format!("{outcome:?}").to_lowercase()}),
-    ))
+    let request = requests::Request::Callback {
+        token,
+        body: body.to_vec(),
+    };
+    match app.perform(request).await? {
+        Reply::Callback { outcome } => Ok(Json(json!({"status": outcome})).into_response()),
+        Reply::Journaled { .. } => Ok(journaled(json!({}))),
+        other => Err(unexpected(other)),
+    }
 }

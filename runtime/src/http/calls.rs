@@ -13,22 +13,65 @@ use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::views::CallView;
-use super::{detached, ApiError, AppState};
-use crate::engine::calls::Submitted;
+use super::{journaled, unexpected, ApiError, AppState};
+use crate::engine::requests::{Reply, Request};
+use axum::response::{IntoResponse, Response};
 
 /// 202 when the call is new and durable; 200 when the same call was already
 /// submitted (nothing new is dispatched).
+/// A cluster node that could only journal the call answers 202 with
+/// status `queued` and `seq` 0: the call is durable, not yet in the log.
 pub async fn submit(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<SubmitCall>,
-) -> Result<(StatusCode, Json<SubmitReply>), ApiError> {
-    let engine = app.engine.clone();
-    let (submitted, reply) = detached(async move { engine.submit(req).await }).await?;
-    let status = match submitted {
-        Submitted::Created => StatusCode::ACCEPTED,
-        Submitted::Existing => StatusCode::OK,
-    };
-    Ok((status, Json(reply)))
+) -> Result<Response, ApiError> {
+    let group_id = req.group_id.clone();
+    match app.perform(Request::Submit { call: req }).await? {
+        Reply::Submitted { created, reply } => {
+            let status = if created {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            Ok((status, Json(reply)).into_response())
+        }
+        Reply::Journaled { id: Some(id) } => Ok((
+            StatusCode::ACCEPTED,
+            Json(SubmitReply {
+                group_id,
+                id,
+                status: ferry_proto::api::CallStatus::Queued,
+                seq: 0,
+                result: None,
+            }),
+        )
+            .into_response()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Shapes a reply that carries a call.
+pub(crate) async fn call_reply(
+    app: &AppState,
+    group_id: &str,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let id = request_call_id(&request);
+    match app.perform(request).await? {
+        Reply::Call { call } => Ok(Json(CallView::new(group_id, *call)).into_response()),
+        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id, "id": id}))),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn request_call_id(request: &Request) -> Option<String> {
+    match request {
+        Request::CancelCall { id, .. }
+        | Request::CancelSubscription { id, .. }
+        | Request::Choose { id, .. }
+        | Request::Decide { id, .. } => Some(id.clone()),
+        _ => None,
+    }
 }
 
 /// `GET /v1/threads/{g}/calls/{id}[?display=diff,text]`: with `display`,
@@ -88,28 +131,30 @@ pub async fn choose(
     State(app): State<AppState>,
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(choice): JsonBody<Choice>,
-) -> Result<Json<CallView>, ApiError> {
-    let answer = match (choice.index, choice.choice) {
-        (Some(i), None) => crate::thread::Answer::Index(i),
-        (None, Some(text)) => crate::thread::Answer::Text(text),
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "give exactly one of \"index\" or \"choice\"",
-            ))
-        }
+) -> Result<Response, ApiError> {
+    if choice.index.is_some() == choice.choice.is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "give exactly one of \"index\" or \"choice\"",
+        ));
+    }
+    let request = Request::Choose {
+        group_id: group_id.clone(),
+        id,
+        index: choice.index,
+        text: choice.choice,
     };
-    let (engine, g) = (app.engine.clone(), group_id.clone());
-    let call = detached(async move { engine.answer_choice(&g, &id, answer).await }).await?;
-    Ok(Json(CallView::new(&group_id, call)))
+    call_reply(&app, &group_id, request).await
 }
 
 pub async fn cancel(
     State(app): State<AppState>,
     Path((group_id, id)): Path<(String, String)>,
-) -> Result<Json<CallView>, ApiError> {
-    let (engine, g) = (app.engine.clone(), group_id.clone());
-    let call = detached(async move { engine.cancel_call(&g, &id).await }).await?;
-    Ok(Json(CallView::new(&group_id, call)))
+) -> Result<Response, ApiError> {
+    let request = Request::CancelCall {
+        group_id: group_id.clone(),
+        id,
+    };
+    call_reply(&app, &group_id, request).await
 }

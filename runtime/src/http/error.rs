@@ -59,6 +59,7 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::ToolsetUnreachable(_) => (S::BAD_GATEWAY, "toolset_unreachable"),
         Error::InvalidToolset(_) => (S::UNPROCESSABLE_ENTITY, "invalid_toolset"),
         Error::Store(store::Error::Conflict(_)) => (S::SERVICE_UNAVAILABLE, "busy"),
+        Error::Store(store::Error::Unavailable(_)) => (S::SERVICE_UNAVAILABLE, "unavailable"),
         Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
         Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
     }

@@ -4,7 +4,7 @@
 mod approvals;
 mod body;
 mod callbacks;
-mod calls;
+pub(crate) mod calls;
 mod error;
 mod ops;
 mod path;
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
+use crate::engine::requests::{Reply, Request};
 use crate::engine::Engine;
 
 pub use error::{error_code, ApiError};
@@ -41,6 +42,42 @@ where
     }
 }
 
+/// Where mutating requests go: the engine of this process (`ferry serve`),
+/// or a cluster node's relay (journal, NATS, a worker's answer).
+#[async_trait::async_trait]
+pub trait Perform: Send + Sync + 'static {
+    async fn perform(&self, request: Request) -> Result<Reply, ApiError>;
+}
+
+/// The single-process `Perform`: the engine, detached from the connection.
+pub struct Local(pub Arc<Engine>);
+
+#[async_trait::async_trait]
+impl Perform for Local {
+    async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
+        let engine = self.0.clone();
+        detached(async move { engine.perform(request).await }).await
+    }
+}
+
+/// The answer to a request a cluster node journaled but has no result for
+/// yet: `202`, durable, to be applied.
+pub(crate) fn journaled(what: serde_json::Value) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut body = what;
+    body["status"] = "journaled".into();
+    (axum::http::StatusCode::ACCEPTED, axum::Json(body)).into_response()
+}
+
+/// A reply of an unexpected kind: a bug between node and worker versions.
+pub(crate) fn unexpected(reply: Reply) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        format!("unexpected reply {reply:?}"),
+    )
+}
+
 /// Renders the Prometheus exposition of the process's metrics.
 pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -48,10 +85,27 @@ pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct AppState {
     pub engine: Arc<Engine>,
     pub metrics: Option<MetricsRender>,
+    pub perform: Arc<dyn Perform>,
 }
 
-/// The whole native API.
+impl AppState {
+    pub(crate) async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
+        self.perform.perform(request).await
+    }
+}
+
+/// The whole native API of a single process.
 pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
+    let perform = Arc::new(Local(engine.clone()));
+    router_with(engine, metrics, perform)
+}
+
+/// The whole native API, with mutating requests going to `perform`.
+pub fn router_with(
+    engine: Arc<Engine>,
+    metrics: Option<MetricsRender>,
+    perform: Arc<dyn Perform>,
+) -> Router {
     Router::new()
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
         .route(
@@ -95,5 +149,9 @@ pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
         .method_not_allowed_fallback(ops::method_not_allowed)
         // Bodies are limited by `body::read_bytes`, which answers 413 itself.
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(AppState { engine, metrics })
+        .with_state(AppState {
+            engine,
+            metrics,
+            perform,
+        })
 }

@@ -15,7 +15,8 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::views::{CallView, ThreadView};
-use super::{detached, ApiError, AppState};
+use super::{journaled, unexpected, ApiError, AppState};
+use crate::engine::requests::{Reply, Request};
 
 /// Events per page when `limit` is not given, and the most one page holds.
 const DEFAULT_LIMIT: usize = 100;
@@ -168,19 +169,28 @@ fn to_sse(event: Event) -> Result<SseEvent, Infallible> {
 pub async fn cancel_subscription(
     State(app): State<AppState>,
     Path((group_id, id)): Path<(String, String)>,
-) -> Result<Json<CallView>, ApiError> {
-    let (engine, g) = (app.engine.clone(), group_id.clone());
-    let call = detached(async move { engine.cancel_subscription(&g, &id).await }).await?;
-    Ok(Json(CallView::new(&group_id, call)))
+) -> Result<axum::response::Response, ApiError> {
+    let request = Request::CancelSubscription {
+        group_id: group_id.clone(),
+        id,
+    };
+    super::calls::call_reply(&app, &group_id, request).await
 }
 
 pub async fn close(
     State(app): State<AppState>,
     Path(group_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let (engine, g) = (app.engine.clone(), group_id.clone());
-    let seq = detached(async move { engine.close_thread(&g).await }).await?;
-    Ok(Json(
-        json!({"group_id": group_id, "closed": true, "last_seq": seq}),
-    ))
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let request = Request::Close {
+        group_id: group_id.clone(),
+    };
+    match app.perform(request).await? {
+        Reply::Closed { last_seq } => Ok(Json(
+            json!({"group_id": group_id, "closed": true, "last_seq": last_seq}),
+        )
+        .into_response()),
+        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id}))),
+        other => Err(unexpected(other)),
+    }
 }

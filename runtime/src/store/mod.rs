@@ -4,7 +4,8 @@
 //!
 //! **Invariant:** only the storage adapter opens sled.
 
-mod commit;
+pub(crate) mod commit;
+pub mod jetstream;
 mod keys;
 pub mod sled;
 
@@ -21,6 +22,9 @@ pub use self::sled::SledStore;
 pub enum Error {
     #[error("storage failed: {0}")]
     Backend(String),
+    /// The cluster's store (NATS) cannot be reached: try again later.
+    #[error("storage is unavailable: {0}")]
+    Unavailable(String),
     #[error("stored record is unreadable: {0}")]
     Corrupt(String),
     /// Another writer appended to the thread first; reload and decide again.

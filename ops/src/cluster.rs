@@ -1,0 +1,264 @@
+//! The cluster roles: `ferry runtime` (HTTP ingress, outbox, relay, reads)
+//! and `ferry worker` (applies relayed requests, dispatches calls), joined
+//! through NATS JetStream. See ARCHITECTURE.md, "Cluster mode".
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_runtime::bus::jetstream::JetStreamBus;
+use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
+use ferry_runtime::http::MetricsRender;
+use ferry_runtime::store::jetstream::JetStreamStore;
+use ferry_runtime::token::Capabilities;
+use ferry_runtime::{Config, Engine};
+use ferry_worker::{DispatchConfig, Dispatcher, Worker};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// What both roles are told.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// NATS server URLs (comma-separated in the flag).
+    pub nats: String,
+    /// Callback-token secret shared by every node and worker.
+    pub secret: String,
+    /// Base URL tools reach the runtime nodes at (the load balancer); a
+    /// runtime node defaults to its own address.
+    pub public_url: Option<String>,
+    /// Replicas of each stream (3 on a three-node NATS cluster).
+    pub replicas: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub cluster: ClusterOptions,
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    pub tool_servers: Vec<String>,
+    pub max_body_bytes: usize,
+    /// How long a node waits for a worker's answer before it answers
+    /// `202 journaled`.
+    pub reply_wait: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub cluster: ClusterOptions,
+    pub dispatch: DispatchConfig,
+    /// Requests and dispatches in progress at once.
+    pub concurrency: usize,
+}
+
+/// Connects to NATS, waiting for it at start (it may come up after us);
+/// afterwards the client reconnects on its own, forever.
+async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let options = async_nats::ConnectOptions::new()
+            .name("ferry")
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(2));
+        match options.connect(urls).await {
+            Ok(client) => return Ok(client),
+            Err(e) => {
+                warn!(urls, error = %e, "NATS not reachable yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// The engine both roles run, on the JetStream store and bus.
+async fn engine(
+    options: &ClusterOptions,
+    public_url: &str,
+    client: &async_nats::Client,
+    max_body_bytes: usize,
+) -> anyhow::Result<Arc<Engine>> {
+    anyhow::ensure!(
+        options.secret.len() >= 16,
+        "--secret must be at least 16 bytes (and the same on every node and worker)"
+    );
+    let js = async_nats::jetstream::new(client.clone());
+    // A NATS cluster that just started may not have elected its JetStream
+    // leader yet: retry for a while.
+    let mut attempt = 0;
+    let store = loop {
+        attempt += 1;
+        let ready = async {
+            streams::ensure(&js, options.replicas).await?;
+            anyhow::Ok(JetStreamStore::connect(client.clone(), options.replicas).await?)
+        };
+        match ready.await {
+            Ok(store) => break store,
+            Err(e) if attempt < 60 => {
+                warn!(error = %e, "JetStream not ready yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let config = Config {
+        public_url: public_url.trim_end_matches('/').to_owned(),
+        max_body_bytes,
+        ..Config::default()
+    };
+    let engine = Arc::new(Engine::new(
+        config,
+        store.clone(),
+        Arc::new(JetStreamBus::new(js)),
+        Capabilities::new(options.secret.as_bytes()),
+        crate::serve::http_client()?,
+    ));
+    engine.load_toolsets().await?;
+    // Toolsets registered through any node reach every process.
+    let mut changed = store.toolsets_changed();
+    let weak = Arc::downgrade(&engine);
+    tokio::spawn(async move {
+        while changed.changed().await.is_ok() {
+            let Some(engine) = weak.upgrade() else { return };
+            if let Err(e) = engine.load_toolsets().await {
+                warn!(error = %e, "reloading toolsets failed");
+            }
+        }
+    });
+    Ok(engine)
+}
+
+/// A running runtime node.
+pub struct RunningRuntime {
+    pub addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    pub relay: Arc<Relay>,
+}
+
+/// Starts a runtime node; it serves until `shutdown` resolves.
+pub async fn start_runtime(
+    options: RuntimeOptions,
+    metrics: Option<MetricsRender>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(RunningRuntime, tokio::task::JoinHandle<anyhow::Result<()>>)> {
+    std::fs::create_dir_all(&options.data)
+        .with_context(|| format!("creating data dir {}", options.data.display()))?;
+    // The journal first: what a previous run left there is relayed as soon
+    // as NATS is reachable.
+    let outbox = Arc::new(
+        Outbox::open(&options.data.join("outbox"))
+            .with_context(|| format!("opening the outbox in {}", options.data.display()))?,
+    );
+    let node = node_id(&options.data)?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .with_context(|| format!("binding {}", options.listen))?;
+    let addr = listener.local_addr()?;
+    let client = connect(&options.cluster.nats).await?;
+    let public_url = options
+        .cluster
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let engine = engine(
+        &options.cluster,
+        &public_url,
+        &client,
+        options.max_body_bytes,
+    )
+    .await?;
+    ferry_runtime::metrics::describe();
+    for url in &options.tool_servers {
+        match engine.register_toolset(url, None, Default::default()).await {
+            Ok(t) => info!(toolset = %t.name, url, "toolset registered at start"),
+            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
+        }
+    }
+    let relay = Relay::start(
+        engine.clone(),
+        outbox.clone(),
+        client,
+        node.clone(),
+        options.reply_wait,
+    )
+    .await?;
+    info!(backlog = relay.backlog(), node, "relay started");
+    let app = ferry_runtime::http::router_with(engine.clone(), metrics, relay.clone());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
+    });
+    info!(%addr, "ferry runtime listening");
+    Ok((
+        RunningRuntime {
+            addr,
+            engine,
+            relay,
+        },
+        server,
+    ))
+}
+
+/// This node's name in `Nats-Msg-Id`s, kept in the data dir so a relay
+/// repeated after a restart dedupes against the first.
+fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
+    let path = data.join("node-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_owned());
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = data.join("node-id.tmp");
+    std::fs::write(&tmp, &id)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(id)
+}
+
+/// Runs a worker until its consumers end.
+pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
+    let client = connect(&options.cluster.nats).await?;
+    let public_url = options
+        .cluster
+        .public_url
+        .clone()
+        .context("a worker needs --public-url")?;
+    let engine = engine(
+        &options.cluster,
+        &public_url,
+        &client,
+        Config::default().max_body_bytes,
+    )
+    .await?;
+    ferry_runtime::metrics::describe();
+    engine.start_timers();
+    let sweeper = engine.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            match sweeper.rearm().await {
+                Ok(n) => info!(rearmed = n, "recovery sweep"),
+                Err(e) => warn!(error = %e, "recovery sweep failed"),
+            }
+        }
+    });
+    let dispatcher = Worker::new(
+        Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone()),
+        engine.clone(),
+    );
+    // Bind the consumers before saying so: work published from now on is
+    // taken even if this worker is the first.
+    let js = async_nats::jetstream::new(client.clone());
+    streams::consumer(&js, streams::INBOX_STREAM).await?;
+    streams::consumer(&js, streams::WORK_STREAM).await?;
+    info!("ferry worker consuming");
+    println!("ferry worker ready");
+    tokio::try_join!(
+        worker::apply_requests(engine, client.clone(), options.concurrency),
+        worker::dispatch_work(dispatcher, client, options.concurrency),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! Cluster mode: the pieces that join `ferry runtime` nodes and `ferry
+//! worker`s through NATS JetStream. The storage and bus adapters live with
+//! their ports (`store::jetstream`, `bus::jetstream`); here are the streams,
+//! the runtime node's outbox and relay, and the worker's consumers.
+
+pub mod outbox;
+pub mod relay;
+pub mod streams;
+pub mod subjects;
+pub mod worker;

@@ -1,0 +1,204 @@
+//! The runtime node's side of a request: check what can be checked
+//! locally, journal the request in the outbox (durable), relay it to
+//! `ferry.in.<g>`, and wait for the worker's answer. When NATS or the
+//! workers do not answer in time, the request is still durable and will be
+//! applied: the node answers `202` ("journaled") instead of guessing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use async_trait::async_trait;
+use axum::http::StatusCode;
+use futures::StreamExt;
+use tokio::sync::{oneshot, Notify};
+use tracing::{debug, warn};
+
+use super::outbox::{Entry, Outbox};
+use super::subjects;
+use crate::engine::requests::{Refusal, Reply, Request};
+use crate::engine::Engine;
+use crate::http::{ApiError, Perform};
+
+/// The header naming the subject a worker sends its answer to.
+pub const REPLY_HEADER: &str = "Ferry-Reply";
+
+/// How many outbox entries one relay round publishes before awaiting acks.
+const RELAY_BATCH: usize = 256;
+
+type Answer = Result<Reply, Refusal>;
+
+pub struct Relay {
+    engine: Arc<Engine>,
+    outbox: Arc<Outbox>,
+    js: jetstream::Context,
+    /// Stable across restarts: with the entry number it makes `Nats-Msg-Id`.
+    node: String,
+    /// This process's reply subject prefix.
+    replies: String,
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    wake: Notify,
+    reply_wait: Duration,
+}
+
+impl Relay {
+    /// Starts the reply listener and the relay loop (which first relays
+    /// whatever a previous run of the node left journaled).
+    pub async fn start(
+        engine: Arc<Engine>,
+        outbox: Arc<Outbox>,
+        client: async_nats::Client,
+        node: String,
+        reply_wait: Duration,
+    ) -> Result<Arc<Self>, async_nats::SubscribeError> {
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let replies = format!("{}.{run}", subjects::REPLY);
+        let mut answers = client.subscribe(format!("{replies}.*")).await?;
+        let relay = Arc::new(Self {
+            engine,
+            outbox,
+            js: jetstream::new(client),
+            node,
+            replies,
+            waiting: Mutex::default(),
+            wake: Notify::new(),
+            reply_wait,
+        });
+        let weak = Arc::downgrade(&relay);
+        tokio::spawn(async move {
+            while let Some(message) = answers.next().await {
+                let Some(relay) = weak.upgrade() else { return };
+                let number = message
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|n| n.parse().ok());
+                let answer = rmp_serde::from_slice::<Answer>(&message.payload);
+                let waiter = number.and_then(|n| relay.waiting.lock().expect("lock").remove(&n));
+                match (waiter, answer) {
+                    (Some(waiter), Ok(answer)) => drop(waiter.send(answer)),
+                    (_, Err(e)) => warn!(error = %e, "unreadable answer from a worker"),
+                    (None, _) => {}
+                }
+            }
+        });
+        tokio::spawn(relay.clone().relay_loop());
+        Ok(relay)
+    }
+
+    /// Entries not yet relayed.
+    pub fn backlog(&self) -> usize {
+        self.outbox.len()
+    }
+
+    async fn relay_loop(self: Arc<Self>) {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let batch = match self.outbox.pending(RELAY_BATCH) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    warn!(error = %e, "reading the outbox failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                continue;
+            }
+            if self.relay(batch).await {
+                pause = Duration::from_millis(50);
+            } else {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+
+    /// Publishes a batch and forgets each entry JetStream acknowledged;
+    /// false when NATS failed (the rest stay for the next round).
+    async fn relay(&self, batch: Vec<(u64, Entry)>) -> bool {
+        let mut acks = Vec::with_capacity(batch.len());
+        for (number, entry) in batch {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", format!("{}-{number}", self.node).as_str());
+            if let Some(reply_to) = &entry.reply_to {
+                headers.insert(REPLY_HEADER, reply_to.as_str());
+            }
+            let body = rmp_serde::to_vec_named(&entry.request).expect("requests serialize");
+            match self
+                .js
+                .publish_with_headers(subjects::inbox(&entry.group_id), headers, body.into())
+                .await
+            {
+                Ok(ack) => acks.push((number, ack)),
+                Err(e) => {
+                    debug!(error = %e, "relay publish failed");
+                    break;
+                }
+            }
+        }
+        let mut all = true;
+        for (number, ack) in acks {
+            match ack.await {
+                Ok(_) => {
+                    if let Err(e) = self.outbox.remove(number) {
+                        warn!(error = %e, "forgetting a relayed entry failed");
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "relay not acknowledged");
+                    all = false;
+                }
+            }
+        }
+        all
+    }
+}
+
+#[async_trait]
+impl Perform for Relay {
+    async fn perform(&self, mut request: Request) -> Result<Reply, ApiError> {
+        self.engine.precheck(&mut request)?;
+        let group_id = self.engine.thread_of(&request)?;
+        let number = self.outbox.next_number().map_err(unavailable)?;
+        let (answered, answer) = oneshot::channel();
+        self.waiting.lock().expect("lock").insert(number, answered);
+        let entry = Entry {
+            group_id,
+            reply_to: Some(format!("{}.{number}", self.replies)),
+            request,
+        };
+        if let Err(e) = self.outbox.append(number, &entry).await {
+            self.waiting.lock().expect("lock").remove(&number);
+            return Err(unavailable(e));
+        }
+        self.wake.notify_one();
+        match tokio::time::timeout(self.reply_wait, answer).await {
+            Ok(Ok(Ok(reply))) => Ok(reply),
+            Ok(Ok(Err(refusal))) => Err(ApiError {
+                status: StatusCode::from_u16(refusal.status)
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                body: refusal.body,
+            }),
+            _ => {
+                self.waiting.lock().expect("lock").remove(&number);
+                let id = match &entry.request {
+                    Request::Submit { call } => call.id.clone(),
+                    _ => None,
+                };
+                Ok(Reply::Journaled { id })
+            }
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the request could not be journaled: {e}"),
+    )
+}

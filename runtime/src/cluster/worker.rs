@@ -1,0 +1,168 @@
+//! A worker's two loops: apply relayed requests (`FERRY_INBOX`) through the
+//! engine and answer the node that waits, and carry out dispatch work
+//! (`FERRY_WORK`). A message is acked only after its effect is stored, so a
+//! worker killed at any point leaves its messages to another worker; the
+//! state machine makes the repeat harmless (invariants 2 and 4).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use ferry_proto::bus::Work;
+use ferry_worker::Worker;
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+use tracing::{info_span, warn, Instrument};
+
+use super::relay::REPLY_HEADER;
+use super::streams::{self, ACK_WAIT, INBOX_STREAM, WORK_STREAM};
+use crate::engine::requests::{Refusal, Request};
+use crate::engine::{self, Engine};
+use crate::http::ApiError;
+use crate::{bus, store};
+
+/// Applies relayed requests until the consumer ends.
+pub async fn apply_requests(
+    engine: Arc<Engine>,
+    client: async_nats::Client,
+    concurrency: usize,
+) -> Result<(), streams::Error> {
+    let js = jetstream::new(client.clone());
+    let consumer = streams::consumer(&js, INBOX_STREAM).await?;
+    let limit = Arc::new(Semaphore::new(concurrency.max(1)));
+    loop {
+        let mut messages = match consumer.messages().await {
+            Ok(messages) => messages,
+            Err(e) => {
+                warn!(error = %e, "pulling requests failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    warn!(error = %e, "pulling requests failed");
+                    break;
+                }
+            };
+            let permit = limit.clone().acquire_owned().await.expect("never closed");
+            let (engine, client) = (engine.clone(), client.clone());
+            tokio::spawn(async move {
+                apply(&engine, &client, message).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetstream::Message) {
+    let request: Request = match rmp_serde::from_slice(&message.payload) {
+        Ok(request) => request,
+        Err(e) => {
+            // Nothing can ever apply it: drop it rather than loop on it.
+            warn!(error = %e, "unreadable relayed request dropped");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let span = info_span!("request", group_id = request.group_id().unwrap_or(""));
+    let answer = engine.perform(request).instrument(span).await;
+    if let Err(e) = &answer {
+        if is_transient(e) {
+            // Leave it for a later attempt (by this or another worker).
+            warn!(error = %e, "request not applied yet; retrying later");
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+                .await;
+            return;
+        }
+    }
+    let answer = answer.map_err(|e| {
+        let api = ApiError::from(e);
+        Refusal {
+            status: api.status.as_u16(),
+            body: api.body,
+        }
+    });
+    if let Some(reply_to) = message.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
+        let body = rmp_serde::to_vec_named(&answer).expect("answers serialize");
+        if let Err(e) = client.publish(reply_to.to_string(), body.into()).await {
+            warn!(error = %e, "answering the runtime node failed");
+        }
+    }
+    if let Err(e) = message.double_ack_with(AckKind::Ack).await {
+        warn!(error = %e, "acking a request failed; it may be applied again");
+    }
+}
+
+/// Failures of the cluster's plumbing rather than refusals of the request.
+fn is_transient(e: &engine::Error) -> bool {
+    matches!(
+        e,
+        engine::Error::Store(store::Error::Unavailable(_) | store::Error::Conflict(_))
+            | engine::Error::Bus(bus::Error::Unavailable(_))
+    )
+}
+
+/// Carries out dispatch work until the consumer ends.
+pub async fn dispatch_work(
+    worker: Worker,
+    client: async_nats::Client,
+    concurrency: usize,
+) -> Result<(), streams::Error> {
+    let js = jetstream::new(client);
+    let consumer = streams::consumer(&js, WORK_STREAM).await?;
+    let limit = Arc::new(Semaphore::new(concurrency.max(1)));
+    loop {
+        let mut messages = match consumer.messages().await {
+            Ok(messages) => messages,
+            Err(e) => {
+                warn!(error = %e, "pulling work failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    warn!(error = %e, "pulling work failed");
+                    break;
+                }
+            };
+            let permit = limit.clone().acquire_owned().await.expect("never closed");
+            let worker = worker.clone();
+            tokio::spawn(async move {
+                carry_out(&worker, message).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+async fn carry_out(worker: &Worker, message: jetstream::Message) {
+    let work: Work = match rmp_serde::from_slice(&message.payload) {
+        Ok(work) => work,
+        Err(e) => {
+            warn!(error = %e, "unreadable work dropped");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    // Dispatch retries can outlast the ack deadline: say we are at it.
+    let handled = worker.handle(work);
+    tokio::pin!(handled);
+    let mut ticks = tokio::time::interval(ACK_WAIT / 3);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut handled => break,
+            _ = ticks.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
+        }
+    }
+    if let Err(e) = message.double_ack_with(AckKind::Ack).await {
+        warn!(error = %e, "acking work failed; it may be dispatched again");
+    }
+}

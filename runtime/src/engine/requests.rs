@@ -1,0 +1,203 @@
+//! The engine's mutating requests as data. A single process runs them
+//! directly; in the cluster a runtime node journals them, relays them over
+//! NATS, and a worker runs them here and sends the [`Reply`] back.
+
+use std::sync::Arc;
+
+use ferry_proto::api::{ErrorBody, SubmitCall, SubmitReply};
+use serde::{Deserialize, Serialize};
+
+use super::calls::Submitted;
+use super::{Engine, Error};
+use crate::thread::{Answer, CallRecord};
+
+/// A change an agent, a reviewer or a tool asks of a thread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    Submit {
+        call: SubmitCall,
+    },
+    Callback {
+        token: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+    },
+    CancelCall {
+        group_id: String,
+        id: String,
+    },
+    CancelSubscription {
+        group_id: String,
+        id: String,
+    },
+    Close {
+        group_id: String,
+    },
+    Choose {
+        group_id: String,
+        id: String,
+        index: Option<usize>,
+        text: Option<String>,
+    },
+    Decide {
+        group_id: String,
+        id: String,
+        option_id: String,
+        reviewer: String,
+        reason: Option<String>,
+    },
+    RevokeGrant {
+        group_id: String,
+        tool: String,
+    },
+}
+
+/// What a request did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    Submitted {
+        created: bool,
+        reply: SubmitReply,
+    },
+    /// A callback's outcome: `applied`, `duplicate` or `ignored`.
+    Callback {
+        outcome: String,
+    },
+    Call {
+        call: Box<CallRecord>,
+    },
+    Closed {
+        last_seq: u64,
+    },
+    Revoked,
+    /// Journaled on a runtime node whose bus is unreachable (or whose
+    /// workers did not answer in time): durable, applied when relayed. A
+    /// submission's `id` (given or generated) comes back with it.
+    Journaled {
+        id: Option<String>,
+    },
+}
+
+/// A refusal as it crosses the wire: the HTTP status and the error body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Refusal {
+    pub status: u16,
+    pub body: ErrorBody,
+}
+
+impl Request {
+    /// The thread the request is about, where the request names it (a
+    /// callback's thread is inside its token).
+    pub fn group_id(&self) -> Option<&str> {
+        match self {
+            Request::Submit { call } => Some(&call.group_id),
+            Request::Callback { .. } => None,
+            Request::CancelCall { group_id, .. }
+            | Request::CancelSubscription { group_id, .. }
+            | Request::Close { group_id }
+            | Request::Choose { group_id, .. }
+            | Request::Decide { group_id, .. }
+            | Request::RevokeGrant { group_id, .. } => Some(group_id),
+        }
+    }
+}
+
+impl Engine {
+    /// Runs one request to its end.
+    pub async fn perform(self: &Arc<Self>, request: Request) -> Result<Reply, Error> {
+        let call = |call: CallRecord| Reply::Call {
+            call: Box::new(call),
+        };
+        Ok(match request {
+            Request::Submit { call } => {
+                let (submitted, reply) = self.submit(call).await?;
+                Reply::Submitted {
+                    created: submitted == Submitted::Created,
+                    reply,
+                }
+            }
+            Request::Callback { token, body } => Reply::Callback {
+                outcome: format!("{:?}", self.callback(&token, &body).await?).to_lowercase(),
+            },
+            Request::CancelCall { group_id, id } => call(self.cancel_call(&group_id, &id).await?),
+            Request::CancelSubscription { group_id, id } => {
+                call(self.cancel_subscription(&group_id, &id).await?)
+            }
+            Request::Close { group_id } => Reply::Closed {
+                last_seq: self.close_thread(&group_id).await?,
+            },
+            Request::Choose {
+                group_id,
+                id,
+                index,
+                text,
+            } => {
+                let answer = match (index, text) {
+                    (Some(i), None) => Answer::Index(i),
+                    (None, Some(text)) => Answer::Text(text),
+                    _ => {
+                        return Err(Error::InvalidRequest(
+                            "give exactly one of \"index\" or \"choice\"".into(),
+                        ))
+                    }
+                };
+                call(self.answer_choice(&group_id, &id, answer).await?)
+            }
+            Request::Decide {
+                group_id,
+                id,
+                option_id,
+                reviewer,
+                reason,
+            } => call(
+                self.decide_approval(&group_id, &id, &option_id, &reviewer, reason)
+                    .await?,
+            ),
+            Request::RevokeGrant { group_id, tool } => {
+                self.revoke_grant(&group_id, &tool).await?;
+                Reply::Revoked
+            }
+        })
+    }
+
+    /// What a runtime node can check before it journals a request, without
+    /// reading the thread: ids, the tool and its arguments, a callback's
+    /// token and body. Fills in a submission's `id` when absent, so the
+    /// agent learns it even when the request is only journaled.
+    pub fn precheck(&self, request: &mut Request) -> Result<(), Error> {
+        match request {
+            Request::Submit { call } => {
+                self.check_submission(call)?;
+                if call.id.is_none() {
+                    call.id = Some(super::calls::fresh_id());
+                }
+                Ok(())
+            }
+            Request::Callback { token, body } => self.check_callback(token, body).map(drop),
+            Request::CancelCall { group_id, id }
+            | Request::CancelSubscription { group_id, id }
+            | Request::Choose { group_id, id, .. }
+            | Request::Decide { group_id, id, .. } => {
+                self.check_id("group_id", group_id)?;
+                self.check_id("id", id)
+            }
+            Request::Close { group_id } | Request::RevokeGrant { group_id, .. } => {
+                self.check_id("group_id", group_id)
+            }
+        }
+    }
+
+    /// The thread a request is about, callbacks included.
+    pub fn thread_of(&self, request: &Request) -> Result<String, Error> {
+        match request {
+            Request::Callback { token, .. } => self
+                .caps
+                .open(token)
+                .map(|(group_id, _)| group_id)
+                .map_err(|_| Error::Forged),
+            other => Ok(other.group_id().unwrap_or_default().to_owned()),
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! The storage port on NATS JetStream, for the cluster: every runtime node
+//! and worker reads and writes the same threads.
+//!
+//! Layout (stream `FERRY_THREADS`, see `cluster::subjects`):
+//! - `ferry.log.<g>` — the thread's log: one message per command, a
+//!   [`Commit`] holding the command's events, the thread's metadata after
+//!   them, and the calls the command loaded (after them). Appends are
+//!   compare-and-set on the subject's last sequence
+//!   (`Nats-Expected-Last-Subject-Sequence`), so the log is one total order
+//!   however many processes write.
+//! - `ferry.call.<g>.<id>` — the latest record of each call, copied from the
+//!   commits after they land. A copy can lag its commit by at most the
+//!   thread's *last* commit: a writer copies the last commit's calls before
+//!   it appends the next one, and readers take the last commit's version of
+//!   a call over the copy. Copies are themselves compare-and-set, so a slow
+//!   copier cannot put an older version back.
+//!
+//! Toolsets live in the KV bucket `ferry_toolsets`.
+//!
+//! An acknowledged publish is durable: the server runs with
+//! `sync_interval: always` (or R3 streams; see `ops/nats/`), so `flush` has
+//! nothing left to do.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind, kv, stream};
+use async_nats::HeaderMap;
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferry_proto::api::Event;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::{Error, Store, Watch, Write};
+use crate::cluster::subjects;
+use crate::thread::{CallRecord, ThreadMeta, ThreadState};
+use crate::toolsets::StoredToolset;
+
+pub const THREADS_STREAM: &str = "FERRY_THREADS";
+pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
+
+/// The header carrying a commit's last event sequence number, so watchers
+/// learn a thread's tip without decoding the commit.
+const LAST_SEQ_HEADER: &str = "Ferry-Last-Seq";
+
+/// One command's changes to a thread.
+#[derive(Debug, Serialize, Deserialize)]
+struct Commit {
+    meta: ThreadMeta,
+    calls: Vec<CallRecord>,
+    events: Vec<Event>,
+}
+
+/// A call's record as of the thread's event `seq`.
+#[derive(Debug, Serialize, Deserialize)]
+struct CallCopy {
+    seq: u64,
+    call: CallRecord,
+}
+
+/// The last commit of a thread and where it sits in the stream.
+struct Last {
+    stream_seq: u64,
+    commit: Commit,
+}
+
+pub struct JetStreamStore {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    toolsets: kv::Store,
+    tips: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    /// Per thread, commits already seen: event sequence → stream sequence
+    /// of the commit ending there. Lets readers start mid-log.
+    positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
+    toolsets_changed: watch::Sender<u64>,
+}
+
+fn backend(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> Error {
+    Error::Corrupt(e.to_string())
+}
+
+impl JetStreamStore {
+    /// Creates (or binds to) the stream and bucket, and starts following
+    /// other processes' commits so local watchers wake for them.
+    pub async fn connect(client: async_nats::Client, replicas: usize) -> Result<Arc<Self>, Error> {
+        let js = jetstream::new(client.clone());
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: THREADS_STREAM.into(),
+                subjects: vec![
+                    format!("{}.>", subjects::LOG),
+                    format!("{}.>", subjects::CALL),
+                ],
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                allow_direct: true,
+                // Logs are kept forever; a call's copies need only the last.
+                max_messages_per_subject: -1,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(backend)?;
+        let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: TOOLSETS_BUCKET.into(),
+                    history: 1,
+                    storage: stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(backend)?,
+        };
+        let store = Arc::new(Self {
+            js,
+            stream,
+            toolsets,
+            tips: Arc::default(),
+            positions: Mutex::default(),
+            toolsets_changed: watch::Sender::new(0),
+        });
+        store.follow_commits(client).await?;
+        store.follow_toolsets().await?;
+        Ok(store)
+    }
+
+    /// Bumped whenever any process changes a toolset: the engine reloads
+    /// its registry.
+    pub fn toolsets_changed(&self) -> watch::Receiver<u64> {
+        self.toolsets_changed.subscribe()
+    }
+
+    async fn follow_commits(self: &Arc<Self>, client: async_nats::Client) -> Result<(), Error> {
+        let mut commits = client
+            .subscribe(format!("{}.>", subjects::LOG))
+            .await
+            .map_err(backend)?;
+        let tips = Arc::downgrade(&self.tips);
+        tokio::spawn(async move {
+            while let Some(message) = commits.next().await {
+                let Some(tips) = tips.upgrade() else { return };
+                let seq = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(LAST_SEQ_HEADER))
+                    .and_then(|v| v.as_str().parse::<u64>().ok());
+                let group_id = subjects::group_of(&message.subject);
+                if let (Some(seq), Some(group_id)) = (seq, group_id) {
+                    advance(&tips, &group_id, seq);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn follow_toolsets(self: &Arc<Self>) -> Result<(), Error> {
+        let mut changes = self.toolsets.watch_all().await.map_err(backend)?;
+        let store = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(change) = changes.next().await {
+                let Some(store) = store.upgrade() else { return };
+                if change.is_ok() {
+                    store.toolsets_changed.send_modify(|n| *n += 1);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
+        match self
+            .stream
+            .direct_get_last_for_subject(subjects::log(group_id))
+            .await
+        {
+            Ok(message) => {
+                let commit: Commit = serde_json::from_slice(&message.payload).map_err(corrupt)?;
+                self.remember(group_id, commit.meta.last_seq, message.sequence);
+                Ok(Some(Last {
+                    stream_seq: message.sequence,
+                    commit,
+                }))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    fn remember(&self, group_id: &str, last_seq: u64, stream_seq: u64) {
+        let mut positions = self.positions.lock().expect("positions lock");
+        let known = positions.entry(group_id.to_owned()).or_default();
+        known.insert(last_seq, stream_seq);
+        // A bounded memory: keep the newest positions only.
+        while known.len() > 64 {
+            known.pop_first();
+        }
+        if positions.len() > 10_000 {
+            positions.clear();
+        }
+    }
+
+    /// The copied record of a call and the stream sequence of the copy.
+    async fn copy(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
+        match self
+            .stream
+            .direct_get_last_for_subject(subjects::call(group_id, id))
+            .await
+        {
+            Ok(message) => Ok(Some((
+                message.sequence,
+                serde_json::from_slice(&message.payload).map_err(corrupt)?,
+            ))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// The call as of the thread's last commit.
+    async fn current_call(
+        &self,
+        group_id: &str,
+        id: &str,
+        last: Option<&Last>,
+    ) -> Result<Option<CallRecord>, Error> {
+        if let Some(call) = last.and_then(|l| l.commit.calls.iter().find(|c| c.id == id)) {
+            return Ok(Some(call.clone()));
+        }
+        Ok(self.copy(group_id, id).await?.map(|(_, c)| c.call))
+    }
+
+    /// Copies a commit's calls to their own subjects, unless a newer copy
+    /// is already there.
+    async fn copy_calls(&self, group_id: &str, commit: &Commit) -> Result<(), Error> {
+        for call in &commit.calls {
+            let existing = self.copy(group_id, &call.id).await?;
+            let expected = match &existing {
+                Some((_, c)) if c.seq >= commit.meta.last_seq => continue,
+                Some((stream_seq, _)) => *stream_seq,
+                None => 0,
+            };
+            let body = serde_json::to_vec(&CallCopy {
+                seq: commit.meta.last_seq,
+                call: call.clone(),
+            })
+            .expect("calls serialize");
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                expected.to_string().as_str(),
+            );
+            match self
+                .publish(subjects::call(group_id, &call.id), headers, body.into())
+                .await
+            {
+                // Someone else copied it (the same or a newer version).
+                Err(Error::Conflict(_)) | Ok(()) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, body)
+            .await
+            .map_err(backend)?;
+        match ack.await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                Err(Error::Conflict(subject))
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Where to start reading a thread's log to find events after `after`.
+    fn start_after(&self, group_id: &str, after: u64) -> u64 {
+        let positions = self.positions.lock().expect("positions lock");
+        positions
+            .get(group_id)
+            .and_then(|known| known.range(..=after).next_back())
+            .map_or(0, |(_, stream_seq)| *stream_seq)
+    }
+
+    async fn subjects_under(&self, filter: String) -> Result<Vec<String>, Error> {
+        let stream = self.stream.clone();
+        let mut subjects = stream.info_with_subjects(filter).await.map_err(backend)?;
+        let mut out = vec![];
+        while let Some(entry) = subjects.next().await {
+            out.push(entry.map_err(backend)?.0);
+        }
+        Ok(out)
+    }
+}
+
+fn is_not_found(e: &stream::DirectGetError) -> bool {
+    matches!(e.kind(), stream::DirectGetErrorKind::NotFound)
+}
+
+fn advance(tips: &Mutex<HashMap<String, watch::Sender<u64>>>, group_id: &str, seq: u64) {
+    let tips = tips.lock().expect("tips lock");
+    if let Some(tip) = tips.get(group_id) {
+        tip.send_if_modified(|tip| {
+            let newer = seq > *tip;
+            if newer {
+                *tip = seq;
+            }
+            newer
+        });
+    }
+}
+
+#[async_trait]
+impl Store for JetStreamStore {
+    async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
+        let last = self.last(group_id).await?;
+        let mut state = ThreadState::new(group_id);
+        if let Some(last) = &last {
+            state.meta = last.commit.meta.clone();
+        }
+        for id in call_ids {
+            if let Some(call) = self.current_call(group_id, id, last.as_ref()).await? {
+                state.calls.insert((*id).to_owned(), call);
+            }
+        }
+        Ok(state)
+    }
+
+    async fn write(&self, write: Write<'_>) -> Result<(), Error> {
+        let group_id = write.state.meta.group_id.as_str();
+        let last = self.last(group_id).await?;
+        let (expected_stream_seq, last_seq) = last
+            .as_ref()
+            .map_or((0, 0), |l| (l.stream_seq, l.commit.meta.last_seq));
+        if last_seq != write.expected_last_seq {
+            return Err(Error::Conflict(group_id.to_owned()));
+        }
+        if let Some(last) = &last {
+            // Keep the promise readers rely on: only the last commit's calls
+            // may lack their copies.
+            self.copy_calls(group_id, &last.commit).await?;
+        }
+        let commit = Commit {
+            meta: write.state.meta.clone(),
+            calls: write.state.calls.values().cloned().collect(),
+            events: write.events.to_vec(),
+        };
+        let body = serde_json::to_vec(&commit).expect("commits serialize");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            expected_stream_seq.to_string().as_str(),
+        );
+        headers.insert(LAST_SEQ_HEADER, commit.meta.last_seq.to_string().as_str());
+        self.publish(subjects::log(group_id), headers, body.into())
+            .await?;
+        debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
+        if let Err(e) = self.copy_calls(group_id, &commit).await {
+            // The next writer or reader makes up for it.
+            warn!(group_id, error = %e, "copying calls after a commit failed");
+        }
+        advance(&self.tips, group_id, commit.meta.last_seq);
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn publish(&self, group_id: &str, seq: u64) {
+        advance(&self.tips, group_id, seq);
+    }
+
+    fn is_durable(&self, _group_id: &str, _seq: u64) -> bool {
+        true
+    }
+
+    async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
+        let subject = subjects::log(group_id);
+        let mut from = self.start_after(group_id, after);
+        let mut out = vec![];
+        while out.len() < limit {
+            let message = match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(from + 1))
+                .await
+            {
+                Ok(message) => message,
+                Err(e) if is_not_found(&e) => break,
+                Err(e) => return Err(backend(e)),
+            };
+            from = message.sequence;
+            let commit: Commit = serde_json::from_slice(&message.payload).map_err(corrupt)?;
+            self.remember(group_id, commit.meta.last_seq, message.sequence);
+            out.extend(commit.events.into_iter().filter(|e| e.seq > after));
+        }
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    fn watch(&self, group_id: &str) -> Watch {
+        let receiver = {
+            let mut tips = self.tips.lock().expect("tips lock");
+            tips.entry(group_id.to_owned())
+                .or_insert_with(|| watch::Sender::new(0))
+                .subscribe()
+        };
+        // The tip as stored now; commits after it arrive by subscription.
+        let (stream, subject, tips, g) = (
+            self.stream.clone(),
+            subjects::log(group_id),
+            Arc::downgrade(&self.tips),
+            group_id.to_owned(),
+        );
+        tokio::spawn(async move {
+            if let Ok(message) = stream.direct_get_last_for_subject(subject).await {
+                let seq = message
+                    .headers
+                    .get(LAST_SEQ_HEADER)
+                    .and_then(|v| v.as_str().parse::<u64>().ok());
+                if let (Some(seq), Some(tips)) = (seq, tips.upgrade()) {
+                    advance(&tips, &g, seq);
+                }
+            }
+        });
+        let (all, group_id) = (Arc::downgrade(&self.tips), group_id.to_owned());
+        Watch::new(
+            receiver,
+            Box::new(move || {
+                let Some(all) = all.upgrade() else { return };
+                let mut tips = all.lock().expect("tips lock");
+                if tips.get(&group_id).is_some_and(|t| t.receiver_count() == 0) {
+                    tips.remove(&group_id);
+                }
+            }),
+        )
+    }
+
+    async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
+        Ok(self.last(group_id).await?.map(|l| l.commit.meta))
+    }
+
+    async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
+        let mut out = vec![];
+        for subject in self.subjects_under(format!("{}.*", subjects::LOG)).await? {
+            if let Some(group_id) = subjects::group_of(&subject) {
+                if let Some(meta) = self.thread(&group_id).await? {
+                    out.push(meta);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
+        let last = self.last(group_id).await?;
+        let mut out: HashMap<String, CallRecord> = HashMap::new();
+        let filter = format!("{}.{}.*", subjects::CALL, subjects::token(group_id));
+        for subject in self.subjects_under(filter).await? {
+            let Some(id) = subjects::call_id_of(&subject) else {
+                continue;
+            };
+            if let Some(call) = self.current_call(group_id, &id, last.as_ref()).await? {
+                out.insert(id, call);
+            }
+        }
+        // Calls created by the last commit may not have copies yet.
+        for call in last.iter().flat_map(|l| &l.commit.calls) {
+            out.insert(call.id.clone(), call.clone());
+        }
+        Ok(out.into_values().collect())
+    }
+
+    async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
+        let last = self.last(group_id).await?;
+        self.current_call(group_id, id, last.as_ref()).await
+    }
+
+    async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
+        let mut out = vec![];
+        for subject in self
+            .subjects_under(format!("{}.*.*", subjects::CALL))
+            .await?
+        {
+            let (Some(group_id), Some(id)) =
+                (subjects::group_of(&subject), subjects::call_id_of(&subject))
+            else {
+                continue;
+            };
+            if let Some(call) = self.call(&group_id, &id).await? {
+                if call.status.is_open() || call.undelivered_choice.is_some() {
+                    out.push((group_id, id));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
+        let key = subjects::token(&format!("{}@{}", toolset.name, toolset.version));
+        let value = serde_json::to_vec(toolset).expect("toolsets serialize");
+        self.toolsets
+            .put(key, value.into())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error> {
+        let key = subjects::token(&format!("{name}@{version}"));
+        self.toolsets.purge(key).await.map_err(backend)?;
+        Ok(())
+    }
+
+    async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
+        let mut keys = self.toolsets.keys().await.map_err(backend)?;
+        let mut out = vec![];
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(backend)?;
+            if let Some(value) = self.toolsets.get(key).await.map_err(backend)? {
+                out.push(serde_json::from_slice(&value).map_err(corrupt)?);
+            }
+        }
+        Ok(out)
+    }
+}
