@@ -55,13 +55,18 @@ pub struct WorkerOptions {
 /// Connects to NATS, waiting for it at start (it may come up after us);
 /// afterwards the client reconnects on its own, forever.
 async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
+    let servers = urls
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("--nats {urls:?}"))?;
     let mut delay = Duration::from_millis(100);
     loop {
         let options = async_nats::ConnectOptions::new()
             .name("ferry")
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(2));
-        match options.connect(urls).await {
+        match options.connect(servers.clone()).await {
             Ok(client) => return Ok(client),
             Err(e) => {
                 warn!(urls, error = %e, "NATS not reachable yet; retrying");
@@ -256,9 +261,9 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     streams::consumer(&js, streams::WORK_STREAM).await?;
     info!("ferry worker consuming");
     println!("ferry worker ready");
-    tokio::try_join!(
+    tokio::join!(
         worker::apply_requests(engine, client.clone(), options.concurrency),
         worker::dispatch_work(dispatcher, client, options.concurrency),
-    )?;
+    );
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! split across nodes make one event; workers, runtime nodes and NATS are
 //! killed and restarted under load.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_tests::api::seg;
@@ -18,13 +19,13 @@ struct Cluster {
     a: Ferry,
     b: Ferry,
     workers: Vec<FerryWorker>,
-    tool: TestTool,
+    tool: Arc<TestTool>,
 }
 
 impl Cluster {
     async fn start(workers: usize) -> Cluster {
         let nats = Nats::start().await;
-        let tool = TestTool::start("t", &["op"]).await;
+        let tool = Arc::new(TestTool::start("t", &["op"]).await);
         let a = Ferry::start(FerryOptions {
             tool_servers: vec![tool.url.clone()],
             ..FerryOptions::runtime(&nats.url())
@@ -155,4 +156,299 @@ async fn hostile_group_ids_stay_in_their_own_thread() {
         .submit(json!({"operation": "op", "arguments": {}, "group_id": long, "id": "x"}))
         .await;
     assert_eq!(status, 400, "{body}");
+}
+
+/// A tool's callback side: answers every invocation with a `tool_result`
+/// whose text is the call id, posted to the nodes in turn and retried until
+/// one accepts it (as a real tool would through an outage). Returns the
+/// task; abort it when done.
+fn answer_everything(tool: Arc<TestTool>, nodes: Vec<String>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let mut turn = 0usize;
+        loop {
+            let invocation = tool.next_invocation().await.invocation;
+            let path = path_of(&invocation.callback_url);
+            let body = result(&invocation.group_id, &invocation.id, &invocation.id).to_string();
+            turn += 1;
+            let (client, nodes, start) = (client.clone(), nodes.clone(), turn);
+            tokio::spawn(async move {
+                for attempt in 0.. {
+                    let node = &nodes[(start + attempt) % nodes.len()];
+                    let sent = client
+                        .post(format!("{node}{path}"))
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await;
+                    if sent.is_ok_and(|r| r.status().is_success()) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+        }
+    })
+}
+
+/// Submits `calls` calls over `threads` threads, alternating nodes, with a
+/// few in flight at once; retries a submission a node could not take (the
+/// same id: at most one call results). Returns `(group_id, id)` of each.
+async fn submit_load(nodes: &[Api], threads: usize, calls: usize) -> Vec<(String, String)> {
+    use futures::StreamExt;
+    let all: Vec<(String, String)> = (0..calls)
+        .map(|i| (format!("load-{}", i % threads), format!("c{i}")))
+        .collect();
+    futures::stream::iter(all.iter().enumerate())
+        .for_each_concurrent(16, |(i, (g, id))| async move {
+            let body = json!({"operation": "op", "arguments": {}, "group_id": g, "id": id});
+            for attempt in 0..200 {
+                let node = &nodes[(i + attempt) % nodes.len()];
+                let sent = node
+                    .client
+                    .post(format!("{}/v1/calls", node.base))
+                    .json(&body)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(r) if r.status() == 202 || r.status() == 200 => return,
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            panic!("no node took call {id}");
+        })
+        .await;
+    all
+}
+
+/// Waits until every call has its result, then checks each has exactly one
+/// `call_accepted` and one `tool_result` (reading through `reader`).
+async fn every_call_has_one_outcome(reader: &Api, calls: &[(String, String)]) {
+    let mut threads: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (g, id) in calls {
+        threads.entry(g).or_default().push(id);
+    }
+    for (g, ids) in threads {
+        let events = eventually(
+            &format!("every result of {g}"),
+            Duration::from_secs(90),
+            || async {
+                let (status, body) = reader
+                    .get(&format!("/v1/threads/{}/events?limit=10000", seg(g)))
+                    .await;
+                let events = body["events"].as_array().cloned().unwrap_or_default();
+                let results = events.iter().filter(|e| e["type"] == "tool_result").count();
+                (status == 200 && results >= ids.len()).then_some(events)
+            },
+        )
+        .await;
+        let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "{g}: dense, in order"
+        );
+        for id in ids {
+            let of = |kind: &str| {
+                events
+                    .iter()
+                    .filter(|e| e["type"] == kind && e["id"] == *id)
+                    .count()
+            };
+            assert_eq!(of("call_accepted"), 1, "{g}/{id}");
+            assert_eq!(of("tool_result"), 1, "{g}/{id}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_under_load_loses_nothing() {
+    let mut c = Cluster::start(3).await;
+    let tool = c.tool.clone();
+    let answering = answer_everything(tool.clone(), vec![c.a.url.clone(), c.b.url.clone()]);
+    let nodes = [c.a.api(), c.b.api()];
+    let load = submit_load(&nodes, 50, 500);
+    let killer = async {
+        // Kill a worker once the load is well under way, restart it later.
+        eventually("dispatches under way", Duration::from_secs(60), || async {
+            (tool.invocations().len() >= 100).then_some(())
+        })
+        .await;
+        c.workers[0].kill9();
+        eventually("more dispatches", Duration::from_secs(60), || async {
+            (tool.invocations().len() >= 250).then_some(())
+        })
+        .await;
+        c.workers[0].restart().await;
+    };
+    let (calls, ()) = tokio::join!(load, killer);
+    every_call_has_one_outcome(&c.b.api(), &calls).await;
+    answering.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_down_for_five_seconds_under_load_loses_nothing() {
+    let mut c = Cluster::start(2).await;
+    let answering = answer_everything(c.tool.clone(), vec![c.a.url.clone(), c.b.url.clone()]);
+    let nodes = [c.a.api(), c.b.api()];
+    let tool = c.tool.clone();
+    let load = submit_load(&nodes, 20, 200);
+    let outage = async {
+        eventually("dispatches under way", Duration::from_secs(60), || async {
+            (tool.invocations().len() >= 40).then_some(())
+        })
+        .await;
+        c.nats.kill9();
+        // The outage itself: calls keep being accepted (journaled).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        c.nats.restart().await;
+    };
+    let (calls, ()) = tokio::join!(load, outage);
+    every_call_has_one_outcome(&c.a.api(), &calls).await;
+    answering.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_say_unavailable_while_nats_is_down_and_calls_are_journaled() {
+    let mut c = Cluster::start(1).await;
+    let a = c.a.api();
+    c.nats.kill9();
+    let (status, body) = a.get("/v1/threads/g").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    // Bad input is still refused at once, and journals nothing.
+    let (status, body) = a
+        .submit(json!({"operation": "nope", "arguments": {}, "group_id": "g", "id": "bad"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("unknown_tool"))
+    );
+    // A good call is durable on A: 202, journaled, not yet in the log.
+    let (status, body) = a
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "j"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        (body["id"].as_str(), body["seq"].as_u64()),
+        (Some("j"), Some(0))
+    );
+    // A dies before it could relay; NATS and A come back; A relays.
+    c.a.kill9();
+    c.nats.restart().await;
+    c.a.restart().await;
+    let sent = c.tool.next_invocation().await.invocation;
+    assert_eq!((sent.group_id.as_str(), sent.id.as_str()), ("g", "j"));
+    let b = c.b.api();
+    let (status, _) = b
+        .post(&path_of(&sent.callback_url), &result("g", "j", "late"))
+        .await;
+    assert_eq!(status, 200);
+    let events = b.events("g", 0).await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(events.iter().all(|e| e["id"] != "bad"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_node_killed_mid_load_is_covered_by_the_other() {
+    let mut c = Cluster::start(2).await;
+    let answering = answer_everything(c.tool.clone(), vec![c.b.url.clone()]);
+    let nodes = [c.a.api(), c.b.api()];
+    let tool = c.tool.clone();
+    let load = submit_load(&nodes, 20, 200);
+    let kill = async {
+        eventually("dispatches under way", Duration::from_secs(60), || async {
+            (tool.invocations().len() >= 40).then_some(())
+        })
+        .await;
+        c.a.kill9();
+    };
+    let (calls, ()) = tokio::join!(load, kill);
+    // B serves every thread, including those A accepted.
+    every_call_has_one_outcome(&c.b.api(), &calls).await;
+    c.a.restart().await;
+    every_call_has_one_outcome(&c.a.api(), &calls).await;
+    answering.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subscriptions_overtaking_results_and_cancel_across_nodes() {
+    let c = Cluster::start(2).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let url = path_of(&c.dispatched(&a, "g", "s").await);
+    let event = |text: &str, last: bool| json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": text, "final": last});
+    // The first event overtakes the result that opens the subscription.
+    let (status, body) = b.post(&url, &event("early", false)).await;
+    assert_eq!(status, 200, "{body}");
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "subscribed", "subscription": true});
+    let (status, body) = a.post(&url, &opened).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = b.post(&url, &event("second", false)).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, thread) = b.thread("g").await;
+    assert_eq!(thread["active_subscriptions"], json!(["s"]), "{thread}");
+    let texts: Vec<Value> = a
+        .events("g", 0)
+        .await
+        .iter()
+        .filter(|e| e["type"] == "subscription_event")
+        .map(|e| e["payload"]["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("early"), json!("second")]);
+    // Cancelled through A: every node answers later events 410.
+    let (status, body) = a.delete("/v1/threads/g/subscriptions/s").await;
+    assert_eq!(status, 200, "{body}");
+    for node in [&a, &b] {
+        let (status, body) = node.post(&url, &event("after cancel", false)).await;
+        assert_eq!(status, 410, "{body}");
+    }
+    let (_, thread) = a.thread("g").await;
+    assert_eq!(thread["active_subscriptions"], json!([]), "{thread}");
+    assert_eq!(
+        a.events("g", 0)
+            .await
+            .iter()
+            .filter(|e| e["type"] == "subscription_event")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
+    let mut nats = ferry_tests::NatsCluster::start().await;
+    let urls = nats.urls();
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let replicated = |mut options: FerryOptions| {
+        options
+            .args
+            .extend(["--replicas".to_owned(), "3".to_owned()]);
+        options
+    };
+    let a = Ferry::start(replicated(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&urls)
+    }))
+    .await;
+    let b = Ferry::start(replicated(FerryOptions::runtime(&urls))).await;
+    let _workers = [
+        FerryWorker::start(&urls, &a.url).await,
+        FerryWorker::start(&urls, &b.url).await,
+    ];
+    let answering = answer_everything(tool.clone(), vec![a.url.clone(), b.url.clone()]);
+    let nodes = [a.api(), b.api()];
+    let load = submit_load(&nodes, 20, 200);
+    let kill = async {
+        eventually("dispatches under way", Duration::from_secs(60), || async {
+            (tool.invocations().len() >= 40).then_some(())
+        })
+        .await;
+        nats.nodes[0].kill9();
+    };
+    let (calls, ()) = tokio::join!(load, kill);
+    every_call_has_one_outcome(&b.api(), &calls).await;
+    answering.abort();
 }

@@ -21,14 +21,9 @@ use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
-/// Applies relayed requests until the consumer ends.
-pub async fn apply_requests(
-    engine: Arc<Engine>,
-    client: async_nats::Client,
-    concurrency: usize,
-) -> Result<(), streams::Error> {
-    let js = jetstream::new(client.clone());
-    let consumer = streams::consumer(&js, INBOX_STREAM).await?;
+/// Applies relayed requests, forever (through NATS outages).
+pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
+    let consumer = bound(&client, INBOX_STREAM).await;
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
         let mut messages = match consumer.messages().await {
@@ -53,6 +48,23 @@ pub async fn apply_requests(
                 apply(&engine, &client, message).await;
                 drop(permit);
             });
+        }
+    }
+}
+
+/// The shared consumer of `stream`, waiting out a NATS outage.
+async fn bound(
+    client: &async_nats::Client,
+    stream: &str,
+) -> async_nats::jetstream::consumer::PullConsumer {
+    let js = jetstream::new(client.clone());
+    loop {
+        match streams::consumer(&js, stream).await {
+            Ok(consumer) => return consumer,
+            Err(e) => {
+                warn!(stream, error = %e, "binding the consumer failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
         }
     }
 }
@@ -106,14 +118,9 @@ fn is_transient(e: &engine::Error) -> bool {
     )
 }
 
-/// Carries out dispatch work until the consumer ends.
-pub async fn dispatch_work(
-    worker: Worker,
-    client: async_nats::Client,
-    concurrency: usize,
-) -> Result<(), streams::Error> {
-    let js = jetstream::new(client);
-    let consumer = streams::consumer(&js, WORK_STREAM).await?;
+/// Carries out dispatch work, forever (through NATS outages).
+pub async fn dispatch_work(worker: Worker, client: async_nats::Client, concurrency: usize) {
+    let consumer = bound(&client, WORK_STREAM).await;
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
         let mut messages = match consumer.messages().await {
