@@ -2,7 +2,8 @@
 //! toolsets. The engine owns this trait; `sled` is its embedded adapter (the
 //! NATS JetStream adapter is the cluster's).
 //!
-//! **Invariant:** only the storage adapter opens sled.
+//! **Invariant:** only the sled adapter (and a cluster node's outbox,
+//! `cluster::outbox`) opens sled.
 
 pub(crate) mod commit;
 pub mod jetstream;
