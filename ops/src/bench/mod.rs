@@ -29,6 +29,8 @@ use tokio::sync::oneshot;
 
 use crate::serve::{start, ServeOptions};
 
+mod cluster;
+
 /// The issue's target: Ferry's throughput at 64 callers is at least this
 /// fraction of the baseline's.
 pub const TARGET_RATIO: f64 = 0.25;
@@ -56,7 +58,18 @@ pub struct BenchArgs {
     /// Print the results as JSON instead of a Markdown table.
     #[arg(long)]
     pub json: bool,
+    /// Also measure cluster mode (runtime nodes x workers on a real
+    /// nats-server) beside the same baseline.
+    #[arg(long)]
+    pub cluster: bool,
+    /// The nats-server binary for --cluster (default: target/nats/bin, then
+    /// PATH).
+    #[arg(long)]
+    pub nats_server: Option<std::path::PathBuf>,
 }
+
+/// Cluster configurations measured by `--cluster`: (runtime nodes, workers).
+const CLUSTER_SHAPES: [(usize, usize); 4] = [(1, 1), (1, 3), (2, 1), (2, 3)];
 
 /// Runs the bench and prints its report; the exit status does not depend on
 /// the ratio, because this is a measurement, not a test.
@@ -83,9 +96,11 @@ pub struct Stats {
     pub first_error: Option<String>,
 }
 
-/// One concurrency level: the baseline beside Ferry.
+/// One concurrency level of one deployment: the baseline beside Ferry.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// `serve`, or `cluster RxW` (runtime nodes x workers).
+    pub mode: String,
     pub callers: usize,
     pub baseline: Stats,
     pub ferry: Stats,
@@ -104,7 +119,10 @@ pub struct Report {
 impl Report {
     /// Whether the target level met the ratio; `None` if it was not run.
     pub fn target_met(&self) -> Option<bool> {
-        let row = self.rows.iter().find(|r| r.callers == TARGET_CALLERS)?;
+        let row = self
+            .rows
+            .iter()
+            .find(|r| r.callers == TARGET_CALLERS && r.mode == "serve")?;
         Some(row.ratio >= TARGET_RATIO)
     }
 
@@ -124,12 +142,13 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| callers | baseline calls/s | ferry calls/s | ratio | baseline p50/p99 ms | ferry p50/p99 ms |\n\
-             |---:|---:|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ratio | baseline p50/p99 ms | ferry p50/p99 ms |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             out += &format!(
-                "| {} | {:.0} | {:.0} | {:.2} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} |\n",
+                r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
                 r.ferry.calls_per_sec,
@@ -143,7 +162,8 @@ impl Report {
             for (side, s) in [("baseline", &r.baseline), ("ferry", &r.ferry)] {
                 if s.errors > 0 {
                     out += &format!(
-                        "{} callers, {side}: {} errors (first: {})\n",
+                        "{} {} callers, {side}: {} errors (first: {})\n",
+                        r.mode,
                         r.callers,
                         s.errors,
                         s.first_error.as_deref().unwrap_or("?")
@@ -214,7 +234,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     .await?;
     let ferry = Ferry {
         http: http.clone(),
-        base: format!("http://{}", running.addr),
+        bases: vec![format!("http://{}", running.addr)],
         run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
         streams: Arc::default(),
     };
@@ -225,33 +245,71 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         receiver,
     };
     let mut rows = Vec::new();
+    let mut baselines = HashMap::new();
     for &callers in &args.concurrency {
         let b = baseline.clone();
         let base = drive(callers, warmup, duration, move |c, n| b.clone().call(c, n)).await;
-        let f = ferry.clone();
-        let fer = drive(callers, warmup, duration, move |c, n| {
-            f.clone().call(callers, c, n)
-        })
-        .await;
-        let ratio = if base.calls_per_sec > 0.0 {
-            fer.calls_per_sec / base.calls_per_sec
-        } else {
-            0.0
-        };
-        rows.push(Row {
-            callers,
-            baseline: base,
-            ferry: fer,
-            ratio,
-        });
+        baselines.insert(callers, base.clone());
+        let fer = measure(&ferry, callers, warmup, duration).await;
+        rows.push(Row::new("serve".into(), callers, base, fer));
     }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    if args.cluster {
+        let binary = cluster::nats_binary(args.nats_server.as_deref())?;
+        for (runtimes, workers) in CLUSTER_SHAPES {
+            let deployment =
+                cluster::deploy(&binary, runtimes, workers, &format!("http://{tool}")).await?;
+            let ferry = Ferry {
+                bases: deployment.bases.clone(),
+                run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
+                streams: Arc::default(),
+                ..ferry.clone()
+            };
+            ferry.wait_registered().await?;
+            for &callers in &args.concurrency {
+                let fer = measure(&ferry, callers, warmup, duration).await;
+                let base = baselines[&callers].clone();
+                rows.push(Row::new(
+                    format!("cluster {runtimes}x{workers}"),
+                    callers,
+                    base,
+                    fer,
+                ));
+            }
+        }
+    }
     Ok(Report {
         duration,
         warmup,
         rows,
     })
+}
+
+/// Ferry's side of one level.
+async fn measure(ferry: &Ferry, callers: usize, warmup: Duration, duration: Duration) -> Stats {
+    let f = ferry.clone();
+    drive(callers, warmup, duration, move |c, n| {
+        f.clone().call(callers, c, n)
+    })
+    .await
+}
+
+impl Row {
+    fn new(mode: String, callers: usize, baseline: Stats, ferry: Stats) -> Self {
+        let ratio = if baseline.calls_per_sec > 0.0 {
+            ferry.calls_per_sec / baseline.calls_per_sec
+        } else {
+            0.0
+        };
+        Row {
+            mode,
+            callers,
+            baseline,
+            ferry,
+            ratio,
+        }
+    }
 }
 
 /// One HTTP client for every caller (and one for the tool's callbacks):
@@ -513,7 +571,9 @@ impl Baseline {
 #[derive(Clone)]
 struct Ferry {
     http: reqwest::Client,
-    base: String,
+    /// The runtime nodes (one for `serve`); caller `c` uses node
+    /// `c % bases.len()`, as a load balancer would spread agents.
+    bases: Vec<String>,
     /// Keeps thread ids of separate runs apart.
     run: String,
     /// Each caller's open stream, by `(level, caller)`.
@@ -558,11 +618,35 @@ impl EventStream {
 }
 
 impl Ferry {
+    fn base(&self, caller: usize) -> &str {
+        &self.bases[caller % self.bases.len()]
+    }
+
+    /// Waits (up to 20 s) until every node lists the bench tool: a toolset
+    /// registered on one node reaches the others through the KV bucket.
+    async fn wait_registered(&self) -> anyhow::Result<()> {
+        for base in &self.bases {
+            let this = Ferry {
+                bases: vec![base.clone()],
+                ..self.clone()
+            };
+            let mut tries = 0;
+            while let Err(e) = this.check_registered().await {
+                tries += 1;
+                if tries > 200 {
+                    return Err(e);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Fails early, and clearly, if the bench toolset did not register.
     async fn check_registered(&self) -> anyhow::Result<()> {
         let tools: Value = self
             .http
-            .get(format!("{}/v1/tools", self.base))
+            .get(format!("{}/v1/tools", self.bases[0]))
             .send()
             .await?
             .error_for_status()?
@@ -588,7 +672,7 @@ impl Ferry {
             .clone();
         let mut stream = slot.lock().await;
         if stream.is_none() {
-            let url = format!("{}/v1/threads/{group_id}/stream", self.base);
+            let url = format!("{}/v1/threads/{group_id}/stream", self.base(caller));
             *stream = Some(EventStream::open(&self.http, url).await?);
         }
         let stream = stream.as_mut().expect("opened above");
@@ -604,7 +688,7 @@ impl Ferry {
         };
         let r = self
             .http
-            .post(format!("{}/v1/calls", self.base))
+            .post(format!("{}/v1/calls", self.base(caller)))
             .json(&submit)
             .send()
             .await?;

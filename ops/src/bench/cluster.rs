@@ -1,0 +1,143 @@
+//! The cluster side of `ferry bench --cluster`: a real `nats-server` (a
+//! child process, fsyncing every write as `ops/nats/` configures it) and
+//! runtime nodes and workers run in this process, as many as a
+//! configuration asks for.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::cluster::{run_worker, start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
+
+/// The `nats-server` to run: the flag, else `target/nats/bin` (where the
+/// test command installs it), else `PATH`.
+pub fn nats_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path.to_owned());
+    }
+    let local = PathBuf::from("target/nats/bin/nats-server");
+    if local.exists() {
+        return Ok(local);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("nats-server"))
+                .find(|p| p.exists())
+        })
+        .context("nats-server not found: pass --nats-server or run ops/scripts/install-nats.sh")
+}
+
+/// One `nats-server -js` in a temporary directory; killed on drop.
+struct Nats {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    async fn start(binary: &Path) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("ferry-bench-nats-").tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let config = dir.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+                dir.path().join("js")
+            ),
+        )?;
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Ok(Self {
+                    child,
+                    url: format!("nats://127.0.0.1:{port}"),
+                    _dir: dir,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        bail!("nats-server did not listen on {port}")
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running cluster: the runtime nodes' base URLs. Dropping it stops the
+/// nodes, the workers and NATS.
+pub struct Deployment {
+    pub bases: Vec<String>,
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _data: Vec<tempfile::TempDir>,
+    _nats: Nats,
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts NATS, `runtimes` nodes (the first registers `tool`) and
+/// `workers` workers whose callbacks go to the first node.
+pub async fn deploy(
+    binary: &Path,
+    runtimes: usize,
+    workers: usize,
+    tool: &str,
+) -> anyhow::Result<Deployment> {
+    let nats = Nats::start(binary).await?;
+    let secret = uuid::Uuid::new_v4().simple().to_string();
+    let cluster = |public_url: Option<String>| ClusterOptions {
+        nats: nats.url.clone(),
+        secret: secret.clone(),
+        public_url,
+        replicas: 1,
+    };
+    let (mut bases, mut tasks, mut data) = (vec![], vec![], vec![]);
+    for i in 0..runtimes {
+        let dir = tempfile::Builder::new().prefix("ferry-bench-node-").tempdir()?;
+        let options = RuntimeOptions {
+            cluster: cluster(None),
+            listen: "127.0.0.1:0".parse()?,
+            data: dir.path().to_owned(),
+            tool_servers: if i == 0 { vec![tool.to_owned()] } else { vec![] },
+            max_body_bytes: 1 << 20,
+            reply_wait: Duration::from_secs(30),
+        };
+        let (running, server) = start_runtime(options, None, std::future::pending()).await?;
+        bases.push(format!("http://{}", running.addr));
+        tasks.push(server);
+        data.push(dir);
+    }
+    for _ in 0..workers {
+        let options = WorkerOptions {
+            cluster: cluster(Some(bases[0].clone())),
+            dispatch: ferry_worker::DispatchConfig::default(),
+            concurrency: 256,
+        };
+        tasks.push(tokio::spawn(run_worker(options)));
+    }
+    Ok(Deployment {
+        bases,
+        tasks,
+        _data: data,
+        _nats: nats,
+    })
+}
