@@ -6,6 +6,7 @@ pub mod bus;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod oxp;
 pub mod store;
 pub mod thread;
 pub mod token;
