@@ -2,6 +2,7 @@
 //! with their embedded adapters, the engine that joins them, and the HTTP
 //! fronts.
 
+pub mod acp;
 pub mod bus;
 pub mod engine;
 pub mod http;
