@@ -346,3 +346,49 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     let (_, call) = api.call("g-bad", "drop-3").await;
     assert_eq!(call["status"], "pending_approval");
 }
+
+#[tokio::test]
+async fn an_oxp_call_to_a_gated_tool_waits_for_the_acp_clients_approval() {
+    let ferry = Ferry::with_demo().await;
+    // OXP calls of user `ana` run in thread `oxp-user-ana`.
+    let mut acp = Acp::open(&ferry, "oxp-user-ana", None).await;
+    let oxp_call = tokio::process::Command::new(installed("target/py/bin/python"))
+        .arg(workspace().join("tests/py/oxp_client.py"))
+        .args(["--base", &format!("{}/oxp", ferry.url), "call"])
+        .args([
+            "--tool-id",
+            "demo.drop_table",
+            "--input",
+            r#"{"table": "orders"}"#,
+        ])
+        .args(["--call-id", "oxp-drop", "--user-id", "ana"])
+        .output();
+    let oxp_call = tokio::spawn(oxp_call);
+
+    let asked = acp
+        .until(|m| m["method"] == "session/request_permission")
+        .await;
+    let request = &asked.last().unwrap().1;
+    assert_eq!(request["params"]["toolCall"]["toolCallId"], "oxp-drop");
+    assert!(
+        !oxp_call.is_finished(),
+        "the OXP call waits for the reviewer"
+    );
+    let (status, body) = respond(
+        &ferry,
+        "oxp-user-ana",
+        &selected(&request["id"], "allow_once").to_string(),
+    )
+    .await;
+    assert_eq!(status, 202, "{body:?}");
+
+    let out = oxp_call.await.unwrap().expect("running the OXP client");
+    let out: Value = serde_json::from_slice(&out.stdout).expect("the client's JSON");
+    let result = &out["response"]["result"];
+    assert_eq!(result["success"], true, "{out}");
+    assert!(
+        result["value"].as_str().unwrap().contains("orders"),
+        "{out}"
+    );
+    acp.until(is_final_update("oxp-drop")).await;
+}
