@@ -44,7 +44,6 @@ pub async fn stream(
     };
     let engine = app.engine.clone();
     let tip = engine.watch(&group_id)?;
-    let span = tracing::info_span!("acp_stream", group_id = %group_id);
     let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
         let engine = engine.clone();
         let group_id = group_id.clone();
@@ -57,7 +56,7 @@ pub async fn stream(
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "ACP stream read failed");
+                        tracing::warn!(group_id = %group_id, error = %e, "ACP stream read failed");
                         return None;
                     }
                 }
@@ -68,7 +67,6 @@ pub async fn stream(
     let engine = app.engine.clone();
     let messages = pages.flat_map(move |page| {
         let engine = engine.clone();
-        let _entered = span.enter();
         stream::iter(page.into_iter().filter_map(move |e| to_sse(&engine, &e)))
     });
     Ok(Sse::new(messages).keep_alive(KeepAlive::default()))
