@@ -332,3 +332,40 @@ async fn malformed_requests_are_server_errors_that_change_nothing() {
     assert_eq!(status, 200);
     assert_eq!(threads["threads"], json!([]), "nothing was recorded");
 }
+
+#[tokio::test]
+async fn names_oxp_cannot_write_are_mapped_and_never_merged() {
+    use ferry_tests::TestTool;
+    // `my-tools` maps to `my_tools_<hash>`, distinct from `my_tools`.
+    let dashed = TestTool::start("my-tools", &["run-it"]).await;
+    let plain = TestTool::start("my_tools", &["run_it"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![dashed.url.clone(), plain.url.clone()],
+        args: vec!["--oxp-wait-secs".into(), "1".into()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let list = client(&ferry, &["list"]).await;
+    let ids: Vec<String> = list["response"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&"my_tools.run_it@1.0.0".to_owned()), "{ids:?}");
+    let mapped = ids
+        .iter()
+        .find(|id| id.starts_with("my_tools_"))
+        .unwrap_or_else(|| panic!("no mapped id in {ids:?}"))
+        .clone();
+    // Each id reaches its own toolset's tool.
+    call(&ferry, &mapped, json!({"text": "a"}), &[]).await;
+    assert_eq!(
+        dashed.next_invocation().await.invocation.operation,
+        "run-it"
+    );
+    call(&ferry, "my_tools.run_it", json!({"text": "b"}), &[]).await;
+    assert_eq!(plain.next_invocation().await.invocation.operation, "run_it");
+    assert!(dashed.invocations().len() == 1 && plain.invocations().len() == 1);
+}
