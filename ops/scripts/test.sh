@@ -16,6 +16,7 @@ fi
 # The cluster tests start real nats-servers.
 bash ops/scripts/install-nats.sh
 
+bash ops/scripts/setup-oxp.sh  # OXP client venv (target/py) and ACP schema (target/acp)
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
 cargo build --workspace --bins --tests --quiet

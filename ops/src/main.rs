@@ -76,6 +76,18 @@ struct Serve {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
     max_body_bytes: usize,
+    /// OXP: HS256 secret for `Authorization: Bearer` JWTs (turns OXP auth on).
+    #[arg(long, env = "FERRY_OXP_JWT_SECRET", hide_env_values = true)]
+    oxp_jwt_secret: Option<String>,
+    /// OXP: the audience a JWT's `aud`, when present, must name.
+    #[arg(long, env = "FERRY_OXP_JWT_AUDIENCE")]
+    oxp_jwt_audience: Option<String>,
+    /// OXP: a key accepted in the `OXP-API-Key` header (turns OXP auth on).
+    #[arg(long, env = "FERRY_OXP_API_KEY", hide_env_values = true)]
+    oxp_api_key: Option<String>,
+    /// OXP: seconds `tools/call` waits for a result before "retry later".
+    #[arg(long, default_value_t = 30, env = "FERRY_OXP_WAIT_SECS")]
+    oxp_wait_secs: u64,
     #[command(flatten)]
     dispatch: DispatchArgs,
 }
@@ -231,6 +243,15 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
         dispatch: args.dispatch.config()?,
+        oxp: ferry_runtime::oxp::OxpConfig {
+            auth: ferry_runtime::oxp::AuthConfig {
+                jwt_secret: args.oxp_jwt_secret,
+                jwt_audience: args.oxp_jwt_audience,
+                api_key: args.oxp_api_key,
+            },
+            wait: Duration::from_secs(args.oxp_wait_secs),
+            max_body_bytes: args.max_body_bytes,
+        },
         ..ServeOptions::default()
     };
     let render = std::sync::Arc::new(move || prometheus.render());

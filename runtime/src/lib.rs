@@ -2,11 +2,13 @@
 //! with their embedded adapters, the engine that joins them, and the HTTP
 //! fronts.
 
+pub mod acp;
 pub mod bus;
 pub mod cluster;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod oxp;
 pub mod store;
 pub mod thread;
 pub mod token;

@@ -452,3 +452,52 @@ async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
     every_call_has_one_outcome(&b.api(), &calls).await;
     answering.abort();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_on_every_node_and_changes_nothing() {
+    use ferry_runtime::token::Capabilities;
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let url = path_of(&c.dispatched(&a, "g", "ok").await);
+    let before = a.events("g", 0).await;
+    let caps = Capabilities::new(ferry_tests::TEST_SECRET.as_bytes());
+    for node in [&a, &b] {
+        let code = |answer: &(u16, Value)| {
+            (
+                answer.0,
+                answer.1["error"]["code"].as_str().map(str::to_owned),
+            )
+        };
+        let answer = node.post_raw("/v1/calls", b"{not json".to_vec()).await;
+        assert_eq!(answer.0, 400, "{answer:?}");
+        let answer = node
+            .submit(
+                json!({"operation": "op", "arguments": {"text": 5}, "group_id": "g", "id": "bad"}),
+            )
+            .await;
+        assert_eq!(code(&answer), (422, Some("invalid_arguments".into())));
+        assert!(
+            answer.1["error"]["parameter_errors"]["text"].is_string(),
+            "{answer:?}"
+        );
+        let answer = node.post_raw("/v1/calls", vec![b' '; 2 << 20]).await;
+        assert_eq!(answer.0, 413);
+        // A forged token, a body naming another call, an unknown call.
+        let answer = node
+            .post("/v1/callbacks/forged.token", &result("g", "ok", "x"))
+            .await;
+        assert_eq!(code(&answer), (403, Some("forbidden".into())));
+        let answer = node.post(&url, &result("g", "other", "x")).await;
+        assert_eq!(code(&answer), (403, Some("forbidden".into())));
+        let unknown = format!("/v1/callbacks/{}", caps.mint("g", "ghost"));
+        let answer = node.post(&unknown, &result("g", "ghost", "x")).await;
+        assert_eq!(answer.0, 404, "{answer:?}");
+        // The same id with a different body: 409.
+        let answer = node
+            .submit(json!({"operation": "op", "arguments": {"text": "new"}, "group_id": "g", "id": "ok"}))
+            .await;
+        assert_eq!(code(&answer), (409, Some("conflict".into())));
+    }
+    assert_eq!(a.events("g", 0).await, before);
+    assert_eq!(b.events("g", 0).await, before);
+}

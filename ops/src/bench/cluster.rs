@@ -39,8 +39,12 @@ struct Nats {
 
 impl Nats {
     async fn start(binary: &Path) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("ferry-bench-nats-").tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-bench-nats-")
+            .tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let config = dir.path().join("nats.conf");
         std::fs::write(
             &config,
@@ -57,7 +61,10 @@ impl Nats {
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return Ok(Self {
                     child,
                     url: format!("nats://127.0.0.1:{port}"),
@@ -112,12 +119,18 @@ pub async fn deploy(
     };
     let (mut bases, mut tasks, mut data) = (vec![], vec![], vec![]);
     for i in 0..runtimes {
-        let dir = tempfile::Builder::new().prefix("ferry-bench-node-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-bench-node-")
+            .tempdir()?;
         let options = RuntimeOptions {
             cluster: cluster(None),
             listen: "127.0.0.1:0".parse()?,
             data: dir.path().to_owned(),
-            tool_servers: if i == 0 { vec![tool.to_owned()] } else { vec![] },
+            tool_servers: if i == 0 {
+                vec![tool.to_owned()]
+            } else {
+                vec![]
+            },
             max_body_bytes: 1 << 20,
             reply_wait: Duration::from_secs(30),
         };

@@ -10,6 +10,7 @@ mod approvals;
 mod callbacks;
 pub mod calls;
 mod choices;
+mod health;
 mod outcomes;
 mod reads;
 mod recovery;

@@ -2,7 +2,7 @@
 //! shape the answer. Status codes and error codes are chosen in `error`.
 
 mod approvals;
-mod body;
+pub(crate) mod body;
 mod callbacks;
 pub(crate) mod calls;
 mod error;
@@ -130,6 +130,10 @@ pub fn router_with(
         )
         .route("/v1/threads/{group_id}/events", get(threads::events))
         .route("/v1/threads/{group_id}/stream", get(threads::stream))
+        .route(
+            "/v1/threads/{group_id}/acp",
+            get(crate::acp::stream).post(crate::acp::respond),
+        )
         .route(
             "/v1/threads/{group_id}/subscriptions/{id}",
             delete(threads::cancel_subscription),

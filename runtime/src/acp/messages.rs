@@ -1,0 +1,166 @@
+//! A thread's events as ACP messages: each event becomes at most one
+//! JSON-RPC message, so the SSE id of a message is its event's seq and a
+//! stream resumes exactly like the events stream.
+
+use ferry_proto::api::{Event, EventKind, PermissionKind};
+use ferry_proto::rap::{Annotations, ContentItem, DisplaySegment, KnownSegment};
+use serde_json::{json, Value};
+
+use super::kind::{kind, title};
+
+/// The JSON-RPC id of the permission request for call `id`; the client's
+/// response names it, and it names the call back.
+pub const PERMISSION_PREFIX: &str = "ferry-permission:";
+
+pub fn permission_request_id(call_id: &str) -> String {
+    format!("{PERMISSION_PREFIX}{call_id}")
+}
+
+/// The ACP message for `event`, if it has one. `annotations` looks up a
+/// qualified tool's annotations (for the ToolKind).
+pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>) -> Option<Value> {
+    let id = event.id.as_deref()?;
+    let session = &event.group_id;
+    let update = |update: Value| {
+        Some(json!({
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": session, "update": update},
+        }))
+    };
+    let status = |status: &str| json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": status});
+    let with_text = |mut u: Value, text: String| {
+        u["content"] = json!([text_block(&text)]);
+        u
+    };
+    match &event.kind {
+        EventKind::CallAccepted {
+            tool, arguments, ..
+        } => {
+            let mut call = tool_call(id, tool, arguments, annotations(tool).as_ref());
+            call["sessionUpdate"] = json!("tool_call");
+            update(call)
+        }
+        EventKind::ApprovalRequested {
+            tool, arguments, ..
+        } => Some(json!({
+            "jsonrpc": "2.0",
+            "id": permission_request_id(id),
+            "method": "session/request_permission",
+            "params": {
+                "sessionId": session,
+                "toolCall": tool_call(id, tool, arguments, annotations(tool).as_ref()),
+                "options": PermissionKind::ALL.iter().map(|k| k.option()).collect::<Vec<_>>(),
+            },
+        })),
+        EventKind::CallDispatched { .. } => update(status("in_progress")),
+        EventKind::ToolResult {
+            text,
+            content,
+            display_as,
+            is_error,
+            subscription,
+            origin,
+        } => {
+            let state = match (is_error, subscription) {
+                (true, _) => "failed",
+                (false, true) => "in_progress",
+                (false, false) => "completed",
+            };
+            let mut u = status(state);
+            u["content"] = json!(result_content(
+                text,
+                content.as_deref(),
+                display_as.as_deref()
+            ));
+            u["rawOutput"] = json!({
+                "text": text, "content": content, "display_as": display_as,
+                "is_error": is_error, "subscription": subscription, "origin": origin,
+            });
+            update(u)
+        }
+        EventKind::SubscriptionEvent { text, is_final, .. } => {
+            let u = if *is_final {
+                status("completed")
+            } else {
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": id})
+            };
+            update(with_text(u, text.clone()))
+        }
+        EventKind::SubscriptionCancelled {} => update(status("completed")),
+        EventKind::OAuth { auth_url } => update(with_text(
+            status("in_progress"),
+            format!("Authorization needed: open {auth_url}"),
+        )),
+        EventKind::UserChoice {
+            prompt, choices, ..
+        } => {
+            let listed: Vec<String> = choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{}. {c}", i + 1))
+                .collect();
+            update(with_text(
+                status("in_progress"),
+                format!("{prompt}\n{}", listed.join("\n")),
+            ))
+        }
+        EventKind::CallCancelled {} => update(with_text(
+            status("failed"),
+            "The call was cancelled.".into(),
+        )),
+        _ => None,
+    }
+}
+
+/// A `ToolCall` (without `sessionUpdate`): also the `toolCall` of a
+/// permission request.
+fn tool_call(id: &str, tool: &str, arguments: &Value, ann: Option<&Annotations>) -> Value {
+    json!({
+        "toolCallId": id,
+        "title": title(tool),
+        "name": tool,
+        "kind": kind(tool, ann),
+        "status": "pending",
+        "rawInput": arguments,
+    })
+}
+
+fn text_block(text: &str) -> Value {
+    json!({"type": "content", "content": {"type": "text", "text": text}})
+}
+
+fn image_block(data: &str, media_type: &str) -> Value {
+    json!({"type": "content", "content": {"type": "image", "data": data, "mimeType": media_type}})
+}
+
+/// The result's text, then its content items (text and images), then its
+/// display segments that add something: images, and diffs as the text of
+/// the patch.
+fn result_content(
+    text: &str,
+    content: Option<&[ContentItem]>,
+    display_as: Option<&[DisplaySegment]>,
+) -> Vec<Value> {
+    let mut blocks = vec![text_block(text)];
+    for item in content.unwrap_or_default() {
+        match item {
+            ContentItem::Text { text: t } if t != text => blocks.push(text_block(t)),
+            ContentItem::Text { .. } => {}
+            ContentItem::Image { data, media_type } => blocks.push(image_block(data, media_type)),
+        }
+    }
+    for segment in display_as.unwrap_or_default() {
+        match segment {
+            DisplaySegment::Known(KnownSegment::Diff(diff)) => blocks.push(text_block(&format!(
+                "```diff\n{}\n```",
+                diff.patch.trim_end()
+            ))),
+            DisplaySegment::Known(KnownSegment::Image(image)) => {
+                blocks.push(image_block(&image.data, &image.media_type))
+            }
+            _ => {}
+        }
+    }
+    blocks
+}

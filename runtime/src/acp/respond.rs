@@ -1,0 +1,207 @@
+//! `POST /v1/threads/{group_id}/acp`: the client's JSON-RPC response to a
+//! `session/request_permission`. `selected` decides the approval exactly
+//! as a reviewer's `POST /v1/approvals/{g}/{id}` does (reviewer `acp`);
+//! `cancelled` cancels the call. Errors are JSON-RPC error objects and
+//! change nothing. Answers 202 with no body when the response was taken.
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ferry_proto::api::CallStatus;
+use serde_json::{json, Value};
+use tracing::info;
+
+use super::messages::PERMISSION_PREFIX;
+use crate::engine::Error;
+use crate::http::AppState;
+use crate::thread::Rejection;
+
+/// The reviewer name decisions made over ACP are recorded under.
+pub const ACP_REVIEWER: &str = "acp";
+
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+
+/// A JSON-RPC error answer and its HTTP status.
+struct RpcError {
+    status: StatusCode,
+    id: Value,
+    code: i64,
+    message: String,
+}
+
+impl IntoResponse for RpcError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": self.id,
+            "error": {"code": self.code, "message": self.message},
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn rpc(status: StatusCode, id: &Value, code: i64, message: impl Into<String>) -> RpcError {
+    RpcError {
+        status,
+        id: id.clone(),
+        code,
+        message: message.into(),
+    }
+}
+
+pub async fn respond(
+    State(app): State<AppState>,
+    Path(group_id): Path<String>,
+    req: Request,
+) -> Response {
+    match handle(app, group_id, req).await {
+        Ok(()) => StatusCode::ACCEPTED.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), RpcError> {
+    let null = Value::Null;
+    let limit = app.engine.config.max_body_bytes;
+    let bytes = crate::http::body::read_bytes(req, limit)
+        .await
+        .map_err(|e| rpc(e.status, &null, INVALID_REQUEST, e.body.error.message))?;
+    let message: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        rpc(
+            StatusCode::BAD_REQUEST,
+            &null,
+            PARSE_ERROR,
+            format!("Parse error: {e}"),
+        )
+    })?;
+    let bad = |id: &Value, why: &str| rpc(StatusCode::BAD_REQUEST, id, INVALID_REQUEST, why);
+    let Some(object) = message.as_object() else {
+        return Err(bad(
+            &null,
+            "Invalid Request: expected one JSON-RPC response object",
+        ));
+    };
+    let id = object.get("id").cloned().unwrap_or(Value::Null);
+    if object.get("jsonrpc") != Some(&json!("2.0")) {
+        return Err(bad(&id, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
+    }
+    if object.contains_key("method") {
+        return Err(rpc(
+            StatusCode::BAD_REQUEST,
+            &id,
+            METHOD_NOT_FOUND,
+            "Method not found: this endpoint takes responses to Ferry's requests only",
+        ));
+    }
+    let call_id = id
+        .as_str()
+        .and_then(|s| s.strip_prefix(PERMISSION_PREFIX))
+        .ok_or_else(|| unknown(&id))?;
+    let call = match app.engine.call(&group_id, call_id).await {
+        Ok(call) => call,
+        Err(Error::NotFound(_)) => return Err(unknown(&id)),
+        Err(e) => return Err(engine_error(&id, e)),
+    };
+    if call.approval_deadline.is_none() && call.status != CallStatus::PendingApproval {
+        // Ferry never asked permission for this call.
+        return Err(unknown(&id));
+    }
+    if object.contains_key("error") {
+        // The client could not ask its user; the call keeps waiting for
+        // another reviewer or its timeout.
+        info!(
+            group_id,
+            call_id, "ACP client answered the permission request with an error"
+        );
+        return Ok(());
+    }
+    let outcome = object
+        .get("result")
+        .and_then(|r| r.get("outcome"))
+        .ok_or_else(|| {
+            rpc(
+                StatusCode::BAD_REQUEST,
+                &id,
+                INVALID_PARAMS,
+                "Invalid params: a RequestPermissionResponse has result.outcome",
+            )
+        })?;
+    let engine = app.engine.clone();
+    let (g, c) = (group_id.clone(), call_id.to_owned());
+    match (
+        outcome.get("outcome").and_then(Value::as_str),
+        outcome.get("optionId").and_then(Value::as_str),
+    ) {
+        (Some("selected"), Some(option)) => {
+            let option = option.to_owned();
+            detached(async move {
+                engine
+                    .decide_approval(&g, &c, &option, ACP_REVIEWER, None)
+                    .await
+                    .map(|_| ())
+            })
+            .await
+            .map_err(|e| engine_error(&id, e))?;
+        }
+        (Some("cancelled"), _) => {
+            if call.status != CallStatus::PendingApproval {
+                return Err(engine_error(
+                    &id,
+                    Error::Rejected(Rejection::NotPendingApproval {
+                        id: call_id.to_owned(),
+                        status: call.status,
+                    }),
+                ));
+            }
+            detached(async move { engine.cancel_call(&g, &c).await.map(|_| ()) })
+                .await
+                .map_err(|e| engine_error(&id, e))?;
+        }
+        _ => {
+            return Err(rpc(
+                StatusCode::BAD_REQUEST,
+                &id,
+                INVALID_PARAMS,
+                "Invalid params: outcome must be {\"outcome\": \"selected\", \"optionId\": …} or {\"outcome\": \"cancelled\"}",
+            ))
+        }
+    }
+    info!(group_id, call_id, outcome = %outcome, "ACP permission response taken");
+    Ok(())
+}
+
+/// Runs an engine command to its end even if the client goes away.
+async fn detached<F>(command: F) -> Result<(), Error>
+where
+    F: std::future::Future<Output = Result<(), Error>> + Send + 'static,
+{
+    tokio::spawn(command).await.unwrap_or_else(|e| {
+        Err(Error::InvalidRequest(format!(
+            "the command did not complete: {e}"
+        )))
+    })
+}
+
+fn unknown(id: &Value) -> RpcError {
+    rpc(
+        StatusCode::NOT_FOUND,
+        id,
+        INVALID_PARAMS,
+        format!("Invalid params: no permission request of this thread has id {id}"),
+    )
+}
+
+fn engine_error(id: &Value, e: Error) -> RpcError {
+    let api = crate::http::ApiError::from(e);
+    let code = if api.status.is_server_error() {
+        INTERNAL_ERROR
+    } else {
+        INVALID_PARAMS
+    };
+    rpc(api.status, id, code, api.body.error.message)
+}

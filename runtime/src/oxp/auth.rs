@@ -1,0 +1,111 @@
+//! OXP credentials, when `ferry serve` is given any: an HS256 JWT as
+//! `Authorization: Bearer …` (`exp` required and at most 15 minutes ahead;
+//! `aud`, when the token has one, must be the configured audience), or an
+//! `OXP-API-Key` header. Either suffices. With no credentials configured,
+//! OXP is open and `Authorization` is ignored.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::HeaderMap;
+use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The longest a token may still be valid for: a leaked token must expire soon.
+pub const MAX_TOKEN_LIFETIME_SECS: u64 = 15 * 60;
+
+/// What `ferry serve` was told about OXP credentials.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// HS256 secret shared with the token issuer.
+    pub jwt_secret: Option<String>,
+    /// The `aud` tokens must name when they carry one.
+    pub jwt_audience: Option<String>,
+    /// A static key accepted in `OXP-API-Key`.
+    pub api_key: Option<String>,
+}
+
+/// Why credentials were refused (logged, and given as `developer_message`).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("no credentials: send Authorization: Bearer <JWT> or OXP-API-Key")]
+    Missing,
+    #[error("the OXP-API-Key is wrong")]
+    WrongKey,
+    #[error("the bearer token is invalid: {0}")]
+    Token(#[from] jsonwebtoken::errors::Error),
+    #[error("the bearer token expires more than {MAX_TOKEN_LIFETIME_SECS} s from now")]
+    TooLong,
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    exp: u64,
+}
+
+/// Checks requests against the configured credentials.
+pub struct Auth {
+    jwt: Option<(DecodingKey, Validation)>,
+    api_key: Option<[u8; 32]>,
+}
+
+impl Auth {
+    pub fn new(config: &AuthConfig) -> Self {
+        let jwt = config.jwt_secret.as_ref().map(|secret| {
+            let mut validation = Validation::new(Algorithm::HS256);
+            validation.set_required_spec_claims(&["exp"]);
+            validation.leeway = 0;
+            // With no audience configured, a token naming one is refused:
+            // it was issued for someone else.
+            if let Some(aud) = &config.jwt_audience {
+                validation.set_audience(&[aud]);
+            }
+            (DecodingKey::from_secret(secret.as_bytes()), validation)
+        });
+        Self {
+            jwt,
+            api_key: config.api_key.as_deref().map(digest),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.jwt.is_some() || self.api_key.is_some()
+    }
+
+    /// Ok when auth is off or the request carries valid credentials.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let key = headers.get("oxp-api-key").and_then(|v| v.to_str().ok());
+        let bearer = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let mut refused = AuthError::Missing;
+        if let (Some(expected), Some(given)) = (&self.api_key, key) {
+            // Comparing digests keeps the comparison's time independent of
+            // where the given key first differs.
+            if digest(given) == *expected {
+                return Ok(());
+            }
+            refused = AuthError::WrongKey;
+        }
+        if let (Some((key, validation)), Some(token)) = (&self.jwt, bearer) {
+            let claims = decode::<Claims>(token, key, validation)?.claims;
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if claims.exp > now + MAX_TOKEN_LIFETIME_SECS {
+                return Err(AuthError::TooLong);
+            }
+            return Ok(());
+        }
+        Err(refused)
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}

@@ -1,0 +1,305 @@
+//! `POST /oxp/tools/call`: an OXP call made a Ferry call through the same
+//! `Engine::submit` as `POST /v1/calls` (validated, gated, persisted,
+//! dispatched, deduped), then answered with its result once it settles.
+//!
+//! Thread rule: a call runs in thread `oxp-user-{context.user_id}`, or in
+//! `oxp-anonymous` without a user id. The OXP `call_id` is the Ferry call
+//! `id` (generated when absent), so a repeat in the same thread attaches to
+//! the same durable call. A call not settled within the wait (a gated call
+//! waiting for its reviewer, a slow tool) is answered `success: false`,
+//! `can_retry: true`: retrying with the same `call_id` picks it up.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ferry_proto::api::{CallStatus, SubmitCall};
+use serde_json::{json, Map, Value};
+use tracing::{info, instrument, Instrument};
+
+use super::names::{valid_tool_id, Index, NotFound};
+use super::wire::{request_validator, supported_schema, OxpError, SCHEMA};
+use super::Oxp;
+use crate::engine::Error;
+use crate::thread::{CallRecord, Rejection};
+
+/// The thread of an OXP call.
+pub fn thread_of(user_id: Option<&str>) -> String {
+    match user_id {
+        Some(user) => format!("oxp-user-{user}"),
+        None => "oxp-anonymous".to_owned(),
+    }
+}
+
+/// Waits for the reviewer or the tool; the rest is for `call_id` retries.
+const RETRY_AFTER_MS: u64 = 1000;
+
+/// The text a Ferry dispatch failure starts with when the tool refused the
+/// call (a final 4xx): retrying would not help. Other dispatch failures
+/// (unreachable, kept failing with 5xx, lost) are transient.
+const REFUSED: &str = "Error: the tool refused the call";
+
+pub async fn call(State(oxp): State<Arc<Oxp>>, headers: HeaderMap, body: Bytes) -> Response {
+    match handle(&oxp, &headers, &body).await {
+        Ok(result) => (
+            StatusCode::OK,
+            Json(json!({"$schema": SCHEMA, "result": result})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn bad(message: &str, developer: impl Into<String>) -> OxpError {
+    OxpError::server(message, developer)
+}
+
+async fn handle(oxp: &Oxp, headers: &HeaderMap, body: &[u8]) -> Result<Value, OxpError> {
+    oxp.auth.check(headers).map_err(|e| {
+        info!(error = %e, "OXP credentials refused");
+        OxpError::unauthorized(e.to_string())
+    })?;
+    let body: Value = serde_json::from_slice(body).map_err(|e| {
+        bad(
+            "The request is malformed",
+            format!("the body is not JSON: {e}"),
+        )
+    })?;
+    let Value::Object(mut body) = body else {
+        return Err(bad(
+            "The request is malformed",
+            "the body must be a JSON object",
+        ));
+    };
+    match body.get("$schema") {
+        None => {}
+        Some(Value::String(s)) if supported_schema(s) => {}
+        Some(other) => {
+            return Err(bad(
+                "This version of OXP is not supported",
+                format!("$schema {other} is not supported; this server speaks {SCHEMA}"),
+            ))
+        }
+    }
+    let request = body
+        .remove("request")
+        .ok_or_else(|| bad("The request is malformed", "the body has no \"request\""))?;
+    let problems: Vec<String> = request_validator()
+        .iter_errors(&request)
+        .map(|e| format!("request{}: {e}", e.instance_path))
+        .collect();
+    if !problems.is_empty() {
+        return Err(bad("The request is malformed", problems.join("; ")));
+    }
+    let text = |key: &str| request.get(key).and_then(Value::as_str).map(str::to_owned);
+    let tool_id = text("tool_id").unwrap_or_default();
+    if !valid_tool_id(&tool_id) {
+        return Err(bad(
+            &format!("Tool id '{tool_id}' is invalid"),
+            "tool_id must match ^[A-Za-z0-9_]+\\.[A-Za-z0-9_]+(@([0-9]+|[0-9]+\\.[0-9]+\\.[0-9]+))?$",
+        ));
+    }
+    let index = Index::build(&oxp.engine.toolsets());
+    let tool = index.resolve(&tool_id).map_err(|e| {
+        let developer = match &e {
+            NotFound::Version { available, .. } => {
+                format!("{tool_id}: available versions are {}", available.join(", "))
+            }
+            NotFound::Tool(_) => format!("no tool is served as {tool_id}; see GET /oxp/tools"),
+        };
+        bad(&e.to_string(), developer)
+    })?;
+    let user_id = request
+        .get("context")
+        .and_then(|c| c.get("user_id"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let id = text("call_id").unwrap_or_else(|| format!("oxp_{}", uuid::Uuid::new_v4().simple()));
+    let group_id = thread_of(user_id.as_deref());
+    let span = tracing::info_span!("oxp_call", group_id = %group_id, call_id = %id,
+        tool_id = %tool_id, trace_id = text("trace_id").unwrap_or_default());
+    let submit = SubmitCall {
+        operation: tool.operation(),
+        arguments: request.get("input").cloned().unwrap_or_else(|| json!({})),
+        group_id: group_id.clone(),
+        id: Some(id.clone()),
+        call_id: Some(id.clone()),
+        user_id,
+        thread_ancestors: None,
+    };
+    settle(oxp, submit).instrument(span).await
+}
+
+#[instrument(skip_all)]
+async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
+    let (group_id, id) = (
+        submit.group_id.clone(),
+        submit.id.clone().unwrap_or_default(),
+    );
+    let engine = oxp.engine.clone();
+    // Spawned like the native API's commands: a client that goes away
+    // cannot cut the submission between its write and its flush.
+    tokio::spawn(async move { engine.submit(submit).await })
+        .await
+        .map_err(|e| bad("The server could not take the call", e.to_string()))?
+        .map_err(submit_error)?;
+    let call = oxp
+        .engine
+        .wait_for_call(&group_id, &id, oxp.wait, |c| !waiting(c.status))
+        .await
+        .map_err(|e| bad("The server could not read the call", e.to_string()))?;
+    info!(status = ?call.status, "OXP call answered");
+    Ok(result_of(&call))
+}
+
+/// Still on its way: the answer would be "retry later".
+fn waiting(status: CallStatus) -> bool {
+    matches!(
+        status,
+        CallStatus::PendingApproval | CallStatus::Queued | CallStatus::Dispatched
+    )
+}
+
+fn submit_error(e: Error) -> OxpError {
+    match e {
+        Error::InvalidArguments(errors) => OxpError::validation(errors),
+        Error::Rejected(Rejection::Conflict(id)) => bad(
+            "This call_id was already used for a different call",
+            format!("call {id:?} exists in this thread with another tool or input"),
+        ),
+        Error::Rejected(Rejection::ThreadClosed) => {
+            bad("The thread of this user is closed", e.to_string())
+        }
+        Error::Store(_) | Error::Bus(_) => {
+            bad("The tool server is temporarily unavailable", e.to_string())
+        }
+        other => bad("The call could not be made", other.to_string()),
+    }
+}
+
+/// Milliseconds from acceptance to the last change (to now while waiting).
+fn duration_ms(call: &CallRecord) -> u64 {
+    let parse = |t: &str| humantime::parse_rfc3339(t).ok();
+    let start = parse(&call.created_at);
+    let end = if waiting(call.status) {
+        Some(SystemTime::now())
+    } else {
+        parse(&call.updated_at)
+    };
+    match (start, end) {
+        (Some(s), Some(e)) => e.duration_since(s).map_or(0, |d| d.as_millis() as u64),
+        _ => 0,
+    }
+}
+
+/// The `CallToolResponse` for the call as it stands.
+fn result_of(call: &CallRecord) -> Value {
+    let mut result = json!({"call_id": call.id, "duration": duration_ms(call)});
+    let text = call
+        .result
+        .as_ref()
+        .map(|r| r.text.clone())
+        .unwrap_or_default();
+    let error = |message: String, developer: &str, can_retry: bool| {
+        let mut e = Map::new();
+        e.insert("message".into(), json!(message));
+        e.insert("developer_message".into(), json!(developer));
+        e.insert("can_retry".into(), json!(can_retry));
+        if can_retry {
+            e.insert("retry_after_ms".into(), json!(RETRY_AFTER_MS));
+        }
+        Value::Object(e)
+    };
+    let outcome = match call.status {
+        CallStatus::Completed | CallStatus::Subscribed
+            if !call.result.as_ref().is_some_and(|r| r.is_error) =>
+        {
+            Ok(value_of(call))
+        }
+        CallStatus::Completed | CallStatus::Subscribed => {
+            Err(error(text, "the tool answered with an error", false))
+        }
+        CallStatus::Failed => {
+            let transient = !text.starts_with(REFUSED);
+            Err(error(
+                text,
+                "Ferry could not get the call to the tool",
+                transient,
+            ))
+        }
+        CallStatus::Rejected => Err(error(text, "the approval gate rejected the call", false)),
+        CallStatus::Cancelled => Err(error(
+            "The call was cancelled".into(),
+            "cancelled through Ferry's API",
+            false,
+        )),
+        CallStatus::AwaitingAuth => {
+            let url = call.auth_url.clone().unwrap_or_default();
+            let mut e = error(
+                format!(
+                    "The tool needs authorization: open {url}, then retry with the same call_id"
+                ),
+                "the tool sent an oauth callback",
+                true,
+            );
+            e["additional_prompt_content"] = json!(format!("Ask the user to authorize at {url}."));
+            Err(e)
+        }
+        CallStatus::AwaitingUser => {
+            let choice = call.choice.as_ref();
+            let prompt = choice.map(|c| c.prompt.clone()).unwrap_or_default();
+            let choices = choice.map(|c| c.choices.join(", ")).unwrap_or_default();
+            let mut e = error(
+                format!("The tool asks the user: {prompt} ({choices}); retry with the same call_id once answered"),
+                "answer with POST /v1/threads/{group_id}/calls/{id}/choice",
+                true,
+            );
+            e["additional_prompt_content"] = json!(format!("{prompt} Choices: {choices}"));
+            Err(e)
+        }
+        CallStatus::PendingApproval => Err(error(
+            "The call waits for a reviewer's approval; retry with the same call_id".into(),
+            "gated tool: decide it in /ui, POST /v1/approvals/{group_id}/{id}, or over ACP",
+            true,
+        )),
+        CallStatus::Queued | CallStatus::Dispatched => Err(error(
+            "The call is still running; retry with the same call_id for its result".into(),
+            "the wait for the result ended first",
+            true,
+        )),
+    };
+    match outcome {
+        Ok(value) => {
+            result["success"] = json!(true);
+            result["value"] = value;
+        }
+        Err(e) => {
+            result["success"] = json!(false);
+            result["error"] = e;
+        }
+    }
+    result
+}
+
+/// The result's text; an object `{text, content?, display_as?}` when the
+/// tool also sent content items or display segments.
+fn value_of(call: &CallRecord) -> Value {
+    let Some(r) = &call.result else {
+        return Value::Null;
+    };
+    if r.content.is_none() && r.display_as.is_none() {
+        return json!(r.text);
+    }
+    let mut v = json!({"text": r.text});
+    if let Some(c) = &r.content {
+        v["content"] = json!(c);
+    }
+    if let Some(d) = &r.display_as {
+        v["display_as"] = json!(d);
+    }
+    v
+}

@@ -1,0 +1,229 @@
+//! OXP tool ids (`Toolkit.Tool@x.y.z`) for Ferry's tools, and back.
+//!
+//! OXP ids allow only `[A-Za-z0-9_]` in each part, while Ferry toolset names
+//! may hold any character but `@` and tool names may hold `-`. The mapping
+//! rule (documented in README.md): a name made only of `[A-Za-z0-9_]` is
+//! used as is; any other name has each other character replaced by `_` and
+//! gets `_` plus the first 8 hex digits of the SHA-256 of the original name
+//! appended, so two names never merge silently (`my-tools` →
+//! `my_tools_<hash>`, distinct from a toolset really named `my_tools`).
+//! Should two tools still map to one id, neither is served under it and a
+//! warning is logged. Versions with pre-release or build parts cannot be
+//! written in an OXP id and are not served over OXP.
+
+use std::collections::{BTreeMap, HashSet};
+
+use semver::Version;
+use sha2::{Digest, Sha256};
+
+use crate::engine::RegisteredToolset;
+
+/// The longest OXP tool `name` (`^[A-Za-z0-9_-]{1,64}$`).
+const MAX_NAME: usize = 64;
+
+fn fits(part: &str) -> bool {
+    !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn short_hash(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One part of an OXP id for a Ferry toolset or tool name.
+pub fn oxp_part(name: &str) -> String {
+    if fits(name) {
+        return name.to_owned();
+    }
+    let replaced: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{replaced}_{}", short_hash(name))
+}
+
+/// The OXP `name` of a tool: `Toolkit_Tool`, shortened with a hash when it
+/// would pass 64 characters.
+fn oxp_name(toolkit: &str, tool: &str) -> String {
+    let name = format!("{toolkit}_{tool}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    format!("{}_{}", &name[..MAX_NAME - 9], short_hash(&name))
+}
+
+/// One servable tool version.
+#[derive(Debug, Clone)]
+pub struct OxpTool {
+    /// `Toolkit.Tool@x.y.z`.
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub version: Version,
+    pub input_schema: serde_json::Value,
+    /// Ferry's own names, for the native `operation`.
+    pub toolset: String,
+    pub tool: String,
+}
+
+impl OxpTool {
+    /// The native operation naming exactly this version.
+    pub fn operation(&self) -> String {
+        format!("{}.{}@{}", self.toolset, self.tool, self.version)
+    }
+}
+
+/// Every servable tool by `(Toolkit, Tool)`, then version.
+#[derive(Debug, Default)]
+pub struct Index {
+    tools: BTreeMap<(String, String), BTreeMap<Version, OxpTool>>,
+}
+
+/// Why an OXP tool id did not resolve.
+#[derive(Debug, thiserror::Error)]
+pub enum NotFound {
+    #[error("Tool '{0}' was not found")]
+    Tool(String),
+    #[error("Tool '{tool}' has no version {version}")]
+    Version {
+        tool: String,
+        version: Version,
+        available: Vec<String>,
+    },
+}
+
+impl Index {
+    pub fn build(toolsets: &[RegisteredToolset]) -> Self {
+        let mut index = Index::default();
+        let mut clashes = HashSet::new();
+        for toolset in toolsets {
+            let v = &toolset.version;
+            if !v.pre.is_empty() || !v.build.is_empty() {
+                continue;
+            }
+            let toolkit = oxp_part(&toolset.name);
+            for tool in &toolset.tools {
+                let part = oxp_part(&tool.name);
+                let key = (toolkit.clone(), part.clone());
+                let entry = OxpTool {
+                    id: format!("{toolkit}.{part}@{v}"),
+                    name: oxp_name(&toolkit, &part),
+                    description: tool.description.clone(),
+                    version: v.clone(),
+                    input_schema: tool.input_schema.clone(),
+                    toolset: toolset.name.clone(),
+                    tool: tool.name.clone(),
+                };
+                let versions = index.tools.entry(key.clone()).or_default();
+                if let Some(other) = versions.get(v) {
+                    if other.toolset != entry.toolset || other.tool != entry.tool {
+                        tracing::warn!(id = %entry.id, a = %other.operation(), b = %entry.operation(),
+                            "two tools map to one OXP id; neither is served under it");
+                        clashes.insert((key, v.clone()));
+                    }
+                    continue;
+                }
+                versions.insert(v.clone(), entry);
+            }
+        }
+        for (key, v) in clashes {
+            if let Some(versions) = index.tools.get_mut(&key) {
+                versions.remove(&v);
+            }
+        }
+        index.tools.retain(|_, versions| !versions.is_empty());
+        index
+    }
+
+    /// Every servable tool, by id.
+    pub fn all(&self) -> impl Iterator<Item = &OxpTool> {
+        self.tools.values().flat_map(|v| v.values())
+    }
+
+    /// Resolves a pattern-checked id by the OXP rules: `@x.y.z` exact, `@x`
+    /// means `x.0.0`, no version the latest.
+    pub fn resolve(&self, tool_id: &str) -> Result<&OxpTool, NotFound> {
+        let (name, version) = match tool_id.split_once('@') {
+            Some((name, v)) => (name, Some(v)),
+            None => (tool_id, None),
+        };
+        let (toolkit, tool) = name.split_once('.').unwrap_or((name, ""));
+        let versions = self
+            .tools
+            .get(&(toolkit.to_owned(), tool.to_owned()))
+            .ok_or_else(|| NotFound::Tool(name.to_owned()))?;
+        let Some(v) = version else {
+            return versions
+                .values()
+                .next_back()
+                .ok_or_else(|| NotFound::Tool(name.to_owned()));
+        };
+        let wanted = match v.parse::<u64>() {
+            Ok(major) => Version::new(major, 0, 0),
+            Err(_) => Version::parse(v).map_err(|_| NotFound::Tool(tool_id.to_owned()))?,
+        };
+        versions.get(&wanted).ok_or_else(|| NotFound::Version {
+            tool: name.to_owned(),
+            version: wanted.clone(),
+            available: versions.keys().map(Version::to_string).collect(),
+        })
+    }
+}
+
+/// Whether `tool_id` matches OXP's `ToolId` pattern
+/// `^[A-Za-z0-9_]+\.[A-Za-z0-9_]+(@([0-9]+|[0-9]+\.[0-9]+\.[0-9]+))?$`.
+pub fn valid_tool_id(tool_id: &str) -> bool {
+    let (name, version) = match tool_id.split_once('@') {
+        Some((name, v)) => (name, Some(v)),
+        None => (tool_id, None),
+    };
+    let name_ok = matches!(name.split_once('.'), Some((a, b)) if fits(a) && fits(b));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let version_ok = version.is_none_or(|v| {
+        let parts: Vec<&str> = v.split('.').collect();
+        matches!(parts.len(), 1 | 3) && parts.iter().all(|p| digits(p))
+    });
+    name_ok && version_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_fit_stay_and_others_never_merge() {
+        assert_eq!(oxp_part("demo"), "demo");
+        assert_eq!(oxp_part("pick_region"), "pick_region");
+        let dashed = oxp_part("my-tools");
+        assert!(dashed.starts_with("my_tools_") && fits(&dashed), "{dashed}");
+        assert_ne!(dashed, oxp_part("my_tools"));
+        assert_ne!(oxp_part("a.b"), oxp_part("a-b"));
+        assert!(oxp_name(&"x".repeat(60), &"y".repeat(60)).len() <= MAX_NAME);
+    }
+
+    #[test]
+    fn tool_id_pattern() {
+        for ok in ["A.b", "Calc.Add@1", "Calc.Add@1.0.0", "a_1.b_2@10.20.30"] {
+            assert!(valid_tool_id(ok), "{ok}");
+        }
+        for bad in [
+            "Add",
+            "Calc.Add@1.0",
+            "Calc.Add@",
+            "Calc.Add@x",
+            "a-b.c",
+            "a.b.c",
+            ".b",
+            "a.",
+            "a.b@1.2.3.4",
+        ] {
+            assert!(!valid_tool_id(bad), "{bad}");
+        }
+    }
+}

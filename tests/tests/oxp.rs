@@ -1,0 +1,371 @@
+//! The OXP server under `/oxp`, driven by the official OXP Python client
+//! (`pip install oxp`, run as `tests/py/oxp_client.py`) against a real
+//! ferry: health, listing, calls and their results, tool errors, 422s and
+//! 400s, `call_id` idempotency through the approval gate, JWT and API-key
+//! auth, and malformed requests that change nothing.
+
+use std::path::{Path, PathBuf};
+
+use ferry_tests::api::seg;
+use ferry_tests::{Ferry, FerryOptions};
+use serde_json::{json, Value};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// The venv's python; the tests fail (never skip) without it.
+fn python() -> PathBuf {
+    let python = workspace().join("target/py/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash ops/scripts/setup-oxp.sh` to install the official OXP client",
+        python.display()
+    );
+    python
+}
+
+/// Runs the official client with `args` against `ferry`'s `/oxp`.
+async fn client(ferry: &Ferry, args: &[&str]) -> Value {
+    let out = tokio::process::Command::new(python())
+        .arg(workspace().join("tests/py/oxp_client.py"))
+        .arg("--base")
+        .arg(format!("{}/oxp", ferry.url))
+        .args(args)
+        .output()
+        .await
+        .expect("running the OXP client");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "OXP client failed: {stderr}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("OXP client output is not JSON ({e}): {stderr}"))
+}
+
+async fn call(ferry: &Ferry, tool_id: &str, input: Value, extra: &[&str]) -> Value {
+    let input = input.to_string();
+    let mut args = vec!["call", "--tool-id", tool_id, "--input", &input];
+    args.extend_from_slice(extra);
+    client(ferry, &args).await
+}
+
+fn demo_with(args: &[&str]) -> FerryOptions {
+    let mut options = FerryOptions {
+        demo: true,
+        ..FerryOptions::default()
+    };
+    options.args.extend(args.iter().map(|a| a.to_string()));
+    options
+}
+
+/// An OXP `ServerErrorResponse` (or 401) answer from the client's output.
+fn server_error(out: &Value, status: u16) -> &Value {
+    assert_eq!(out["ok"], false, "{out}");
+    assert_eq!(out["status"], status, "{out}");
+    let body = &out["body"];
+    assert!(body["message"].is_string(), "{out}");
+    body
+}
+
+#[tokio::test]
+async fn the_official_client_lists_calls_and_reads_errors() {
+    let ferry = Ferry::with_demo().await;
+    let api = ferry.api();
+
+    assert_eq!(client(&ferry, &["health"]).await["ok"], true);
+
+    let list = client(&ferry, &["list"]).await;
+    let items = list["response"]["items"].as_array().expect("items").clone();
+    let echo = items
+        .iter()
+        .find(|t| t["id"] == "demo.echo@1.0.0")
+        .unwrap_or_else(|| panic!("no demo.echo@1.0.0 in {list}"));
+    assert_eq!(echo["name"], "demo_echo");
+    assert_eq!(echo["version"], "1.0.0");
+    assert!(echo["description"].as_str().is_some_and(|d| !d.is_empty()));
+    assert_eq!(echo["input_schema"]["properties"]["text"]["type"], "string");
+    assert_eq!(items.len(), 9, "the demo's nine tools: {list}");
+
+    // A successful call (`@1` means 1.0.0) is a Ferry call in the
+    // anonymous OXP thread.
+    let ok = call(
+        &ferry,
+        "demo.echo@1",
+        json!({"text": "hello"}),
+        &["--call-id", "c-ok"],
+    )
+    .await;
+    let result = &ok["response"]["result"];
+    assert_eq!(result["success"], true, "{ok}");
+    assert_eq!(result["value"], "hello");
+    assert_eq!(result["call_id"], "c-ok");
+    assert!(result["duration"].is_number());
+    let (status, view) = api.call("oxp-anonymous", "c-ok").await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["status"], "completed");
+    assert_eq!(view["tool"], "demo.echo@1.0.0");
+
+    // A tool error: 200 with success false.
+    let failed = call(&ferry, "demo.fail", json!({"message": "boom"}), &[]).await;
+    let result = &failed["response"]["result"];
+    assert_eq!(result["success"], false, "{failed}");
+    assert!(result["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("boom"));
+    assert_eq!(result["error"]["can_retry"], false);
+    assert!(result.get("value").is_none());
+
+    // Invalid input: 422 naming the parameter; nothing recorded.
+    let invalid = call(
+        &ferry,
+        "demo.echo",
+        json!({"text": 5}),
+        &["--call-id", "c-bad"],
+    )
+    .await;
+    assert_eq!(invalid["status"], 422, "{invalid}");
+    assert_eq!(invalid["error"], "UnprocessableEntityError");
+    assert!(
+        invalid["body"]["parameter_errors"]["text"].is_string(),
+        "{invalid}"
+    );
+    assert_eq!(api.call("oxp-anonymous", "c-bad").await.0, 404);
+
+    // Unknown version, unknown tool: 400 ServerErrorResponse.
+    let version = call(&ferry, "demo.echo@2.0.0", json!({}), &[]).await;
+    let body = server_error(&version, 400);
+    assert!(
+        body["developer_message"]
+            .as_str()
+            .unwrap()
+            .contains("1.0.0"),
+        "{body}"
+    );
+    assert_eq!(version["error"], "BadRequestError");
+    server_error(&call(&ferry, "demo.nothing", json!({}), &[]).await, 400);
+
+    // A supported `$schema` is accepted.
+    let schema = call(
+        &ferry,
+        "demo.echo",
+        json!({"text": "v"}),
+        &["--schema", "urn:oxp:1.0"],
+    )
+    .await;
+    assert_eq!(schema["response"]["result"]["value"], "v", "{schema}");
+}
+
+#[tokio::test]
+async fn transient_dispatch_failures_can_be_retried() {
+    let ferry = Ferry::start(demo_with(&["--max-attempts", "2"])).await;
+    // HTTP 500 five times: Ferry gives up after two attempts.
+    let out = call(&ferry, "demo.flaky", json!({"failures": 5}), &[]).await;
+    let result = &out["response"]["result"];
+    assert_eq!(result["success"], false, "{out}");
+    assert_eq!(result["error"]["can_retry"], true, "{out}");
+    assert!(result["error"]["retry_after_ms"].is_u64());
+}
+
+#[tokio::test]
+async fn a_gated_call_waits_and_its_call_id_attaches_to_the_same_call() {
+    let ferry = Ferry::start(demo_with(&["--oxp-wait-secs", "1"])).await;
+    let api = ferry.api();
+    let args = ["--call-id", "drop-1", "--user-id", "ops"];
+    let input = json!({"table": "users"});
+
+    // The reviewer has not decided within the wait: retry later.
+    let waiting = call(&ferry, "demo.drop_table", input.clone(), &args).await;
+    let result = &waiting["response"]["result"];
+    assert_eq!(result["success"], false, "{waiting}");
+    assert_eq!(result["error"]["can_retry"], true);
+    let (_, view) = api.call("oxp-user-ops", "drop-1").await;
+    assert_eq!(view["status"], "pending_approval", "{view}");
+
+    // The same call_id with another input is refused, changing nothing.
+    let conflict = call(&ferry, "demo.drop_table", json!({"table": "other"}), &args).await;
+    server_error(&conflict, 400);
+
+    let (status, decided) = api
+        .post(
+            &format!("/v1/approvals/{}/{}", seg("oxp-user-ops"), seg("drop-1")),
+            &json!({"optionId": "allow_once", "reviewer": "ana"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    api.wait_for("oxp-user-ops", "drop-1", "tool_result").await;
+
+    // The retry attaches to the same durable call: its result, no second
+    // dispatch.
+    let done = call(&ferry, "demo.drop_table", input, &args).await;
+    let result = &done["response"]["result"];
+    assert_eq!(result["success"], true, "{done}");
+    assert!(result["value"].as_str().unwrap().contains("users"));
+    assert_eq!(
+        api.count("oxp-user-ops", "drop-1", "call_accepted").await,
+        1
+    );
+    let (_, toolsets) = api.get("/v1/toolsets").await;
+    let demo = toolsets["toolsets"][0]["url"]
+        .as_str()
+        .expect("the demo's url");
+    let stats: Value = reqwest::get(format!("{demo}/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["by_call"]["oxp-user-ops/drop-1"], 1, "{stats}");
+}
+
+const JWT_SECRET: &str = "oxp-test-shared-secret-0123456789";
+
+#[tokio::test]
+async fn auth_takes_a_short_lived_jwt_or_an_api_key() {
+    let ferry = Ferry::start(demo_with(&[
+        "--oxp-jwt-secret",
+        JWT_SECRET,
+        "--oxp-jwt-audience",
+        "ferry-oxp",
+        "--oxp-api-key",
+        "key-123",
+    ]))
+    .await;
+    let jwt = |extra: &[&'static str]| {
+        let mut args = vec!["--jwt-secret", JWT_SECRET];
+        args.extend_from_slice(extra);
+        args
+    };
+    let with = |mut args: Vec<&'static str>, command: &'static str| {
+        args.push(command);
+        args
+    };
+
+    // Health needs no credentials.
+    assert_eq!(client(&ferry, &["health"]).await["ok"], true);
+    // Missing or wrong credentials: 401.
+    let refused = client(&ferry, &["list"]).await;
+    server_error(&refused, 401);
+    assert_eq!(refused["error"], "AuthenticationError");
+    server_error(&client(&ferry, &["--api-key", "wrong", "list"]).await, 401);
+    let wrong_secret = ["--jwt-secret", "another-secret-of-enough-length", "list"];
+    server_error(&client(&ferry, &wrong_secret).await, 401);
+
+    // Valid: a JWT without aud, with the right aud, or the API key.
+    for args in [jwt(&[]), jwt(&["--jwt-aud", "ferry-oxp"])] {
+        let out = client(&ferry, &with(args, "list")).await;
+        assert_eq!(out["ok"], true, "{out}");
+    }
+    assert_eq!(
+        client(&ferry, &["--api-key", "key-123", "list"]).await["ok"],
+        true
+    );
+
+    // Expired, wrong audience, valid for too long: 401, and nothing runs.
+    for bad in [
+        jwt(&["--jwt-exp-in", "-60"]),
+        jwt(&["--jwt-aud", "someone-else"]),
+        jwt(&["--jwt-exp-in", "3600"]),
+    ] {
+        let mut args = bad.clone();
+        args.extend([
+            "call",
+            "--tool-id",
+            "demo.echo",
+            "--input",
+            r#"{"text":"x"}"#,
+        ]);
+        let out = client(&ferry, &args).await;
+        let body = server_error(&out, 401);
+        assert!(body["developer_message"].is_string(), "{out}");
+    }
+    assert_eq!(ferry.api().thread("oxp-anonymous").await.0, 404);
+
+    let mut args = jwt(&["--jwt-aud", "ferry-oxp"]);
+    args.extend([
+        "call",
+        "--tool-id",
+        "demo.echo",
+        "--input",
+        r#"{"text":"signed"}"#,
+    ]);
+    let out = client(&ferry, &args).await;
+    assert_eq!(out["response"]["result"]["value"], "signed", "{out}");
+}
+
+#[tokio::test]
+async fn malformed_requests_are_server_errors_that_change_nothing() {
+    let ferry = Ferry::with_demo().await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/oxp/tools/call", ferry.url);
+    let cases = [
+        // `request` with a property CallToolRequest does not define.
+        json!({"request": {"tool_id": "demo.echo", "input": {}, "extra": 1}}).to_string(),
+        // tool_id breaking the ToolId pattern.
+        json!({"request": {"tool_id": "demo-echo", "input": {}}}).to_string(),
+        json!({"request": {"tool_id": "demo.echo@1.2", "input": {}}}).to_string(),
+        // An OXP version this server does not speak.
+        json!({"$schema": "urn:oxp:9.9", "request": {"tool_id": "demo.echo"}}).to_string(),
+        // No request; not JSON; wrong types.
+        json!({"tool_id": "demo.echo"}).to_string(),
+        "{not json".to_owned(),
+        json!({"request": {"tool_id": "demo.echo", "input": "text"}}).to_string(),
+    ];
+    for body in cases {
+        let response = http
+            .post(&url)
+            .header("content-type", "application/json")
+            // Auth is off: the header is ignored.
+            .header("authorization", "Bearer whatever")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let answer: Value = response.json().await.unwrap();
+        assert!(answer["message"].is_string(), "{body}: {answer}");
+        assert!(answer["developer_message"].is_string(), "{body}: {answer}");
+    }
+    let (status, threads) = ferry.api().get("/v1/threads").await;
+    assert_eq!(status, 200);
+    assert_eq!(threads["threads"], json!([]), "nothing was recorded");
+}
+
+#[tokio::test]
+async fn names_oxp_cannot_write_are_mapped_and_never_merged() {
+    use ferry_tests::TestTool;
+    // `my-tools` maps to `my_tools_<hash>`, distinct from `my_tools`.
+    let dashed = TestTool::start("my-tools", &["run-it"]).await;
+    let plain = TestTool::start("my_tools", &["run_it"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![dashed.url.clone(), plain.url.clone()],
+        args: vec!["--oxp-wait-secs".into(), "1".into()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let list = client(&ferry, &["list"]).await;
+    let ids: Vec<String> = list["response"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&"my_tools.run_it@1.0.0".to_owned()), "{ids:?}");
+    let mapped = ids
+        .iter()
+        .find(|id| id.starts_with("my_tools_"))
+        .unwrap_or_else(|| panic!("no mapped id in {ids:?}"))
+        .clone();
+    // Each id reaches its own toolset's tool.
+    call(&ferry, &mapped, json!({"text": "a"}), &[]).await;
+    assert_eq!(
+        dashed.next_invocation().await.invocation.operation,
+        "run-it"
+    );
+    call(&ferry, "my_tools.run_it", json!({"text": "b"}), &[]).await;
+    assert_eq!(plain.next_invocation().await.invocation.operation, "run_it");
+    assert!(dashed.invocations().len() == 1 && plain.invocations().len() == 1);
+}
