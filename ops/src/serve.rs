@@ -146,7 +146,12 @@ pub async fn start(
     );
     bus.set_handler(Arc::new(move |work| {
         let worker = worker.clone();
-        async move { worker.handle(work).await }.boxed()
+        async move {
+            // One process: an outcome that could not be stored means the
+            // store is failing; recovery re-dispatches on restart.
+            worker.handle(work).await;
+        }
+        .boxed()
     }));
     engine.start_timers();
     ferry_runtime::metrics::describe();

@@ -27,10 +27,12 @@ pub trait Outcomes: Send + Sync + 'static {
     /// Whether the call still waits to be dispatched (not cancelled, not
     /// already answered). Asked before every attempt.
     async fn still_wanted(&self, group_id: &str, id: &str) -> bool;
-    /// The tool acknowledged with 200 after `attempts` attempts.
-    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32);
+    /// The tool acknowledged with 200 after `attempts` attempts. Returns
+    /// whether that is recorded (false: the store could not be reached).
+    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool;
     /// Dispatch gave up; `text` starts with `Error: ` and is safe to show.
-    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String);
+    /// Returns whether that is recorded.
+    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) -> bool;
 }
 
 /// Takes work items and carries them out.
@@ -49,7 +51,9 @@ impl Worker {
     }
 
     /// Carries out one work item to its end (acknowledged or given up).
-    pub async fn handle(&self, work: Work) {
+    /// Returns whether its outcome is recorded; when not, the work should
+    /// be done again (the tool may see the call twice: invariant 4).
+    pub async fn handle(&self, work: Work) -> bool {
         match work {
             Work::Dispatch {
                 endpoint,
@@ -59,7 +63,7 @@ impl Worker {
     }
 
     #[instrument(skip_all, fields(group_id = %invocation.group_id, call_id = %invocation.id))]
-    async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) {
+    async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) -> bool {
         let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
         let started = Instant::now();
         let outcomes = self.outcomes.clone();
@@ -74,7 +78,7 @@ impl Worker {
             Ok(attempts) => {
                 metrics::record_outcome("acknowledged", elapsed);
                 info!(attempts, "dispatched");
-                self.outcomes.acknowledged(group_id, id, attempts).await;
+                self.outcomes.acknowledged(group_id, id, attempts).await
             }
             Err(Failure::NotWanted { attempts }) => {
                 metrics::record_outcome("not_wanted", elapsed);
@@ -82,6 +86,7 @@ impl Worker {
                     attempts,
                     "dispatch stopped: the call no longer waits for it"
                 );
+                true
             }
             Err(failure) => {
                 metrics::record_outcome(failure.kind(), elapsed);
@@ -89,7 +94,7 @@ impl Worker {
                 let text = failure.to_string();
                 self.outcomes
                     .gave_up(group_id, id, failure.attempts(), text)
-                    .await;
+                    .await
             }
         }
     }

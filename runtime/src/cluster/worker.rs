@@ -163,11 +163,18 @@ async fn carry_out(worker: &Worker, message: jetstream::Message) {
     tokio::pin!(handled);
     let mut ticks = tokio::time::interval(ACK_WAIT / 3);
     ticks.tick().await;
-    loop {
+    let recorded = loop {
         tokio::select! {
-            () = &mut handled => break,
+            recorded = &mut handled => break recorded,
             _ = ticks.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
         }
+    };
+    if !recorded {
+        // Dispatch again later: the outcome is not stored anywhere.
+        let _ = message
+            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            .await;
+        return;
     }
     if let Err(e) = message.double_ack_with(AckKind::Ack).await {
         warn!(error = %e, "acking work failed; it may be dispatched again");

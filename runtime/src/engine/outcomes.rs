@@ -6,7 +6,7 @@ use ferry_proto::api::CallStatus;
 use ferry_worker::Outcomes;
 use tracing::warn;
 
-use super::Engine;
+use super::{Engine, Error};
 use crate::thread::Command;
 
 #[async_trait]
@@ -21,17 +21,21 @@ impl Outcomes for Engine {
         }
     }
 
-    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) {
+    async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool {
         let command = Command::DispatchAcked {
             id: id.into(),
             attempts,
         };
-        if let Err(e) = self.execute(group_id, command).await {
-            warn!(group_id, call_id = id, error = %e, "could not record dispatch");
+        match self.execute(group_id, command).await {
+            Ok(_) | Err(Error::Rejected(_)) => true,
+            Err(e) => {
+                warn!(group_id, call_id = id, error = %e, "could not record dispatch");
+                false
+            }
         }
     }
 
-    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) {
+    async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) -> bool {
         let command = Command::DispatchFailed {
             id: id.into(),
             attempts,
@@ -39,10 +43,14 @@ impl Outcomes for Engine {
         };
         match self.execute(group_id, command).await {
             Ok(_) => {
-                ::metrics::counter!(crate::metrics::OUTCOMES, "status" => "failed").increment(1)
+                ::metrics::counter!(crate::metrics::OUTCOMES, "status" => "failed").increment(1);
+                true
             }
+            // The call moved on (answered or cancelled meanwhile).
+            Err(Error::Rejected(_)) => true,
             Err(e) => {
-                warn!(group_id, call_id = id, error = %e, "could not record dispatch failure")
+                warn!(group_id, call_id = id, error = %e, "could not record dispatch failure");
+                false
             }
         }
     }
