@@ -78,6 +78,25 @@ struct Serve {
     initial_backoff_ms: u64,
     #[arg(long, default_value_t = 10_000, env = "FERRY_MAX_BACKOFF_MS")]
     max_backoff_ms: u64,
+    /// A `Host` (`name` or `name:port`) `/mcp` accepts besides loopback
+    /// (repeatable): DNS-rebinding protection refuses any other.
+    #[arg(
+        long = "mcp-allowed-host",
+        env = "FERRY_MCP_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    mcp_allowed_hosts: Vec<String>,
+    /// An `Origin` `/mcp` accepts besides loopback ones (repeatable; `*`
+    /// for any); a foreign Origin gets 403.
+    #[arg(
+        long = "mcp-allowed-origin",
+        env = "FERRY_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    mcp_allowed_origins: Vec<String>,
+    /// Require `Authorization: Bearer <token>` on `/mcp`.
+    #[arg(long, env = "FERRY_MCP_BEARER_TOKEN", hide_env_values = true)]
+    mcp_bearer_token: Option<String>,
 }
 
 #[tokio::main]
@@ -126,6 +145,12 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         demo: args.demo,
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
+        mcp: ferry_runtime::mcp::McpConfig {
+            allowed_hosts: args.mcp_allowed_hosts,
+            allowed_origins: args.mcp_allowed_origins,
+            bearer_token: args.mcp_bearer_token,
+            max_body_bytes: args.max_body_bytes,
+        },
         dispatch: DispatchConfig {
             max_attempts: args.max_attempts,
             initial_backoff: Duration::from_millis(args.initial_backoff_ms),

@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub dispatch: DispatchConfig,
     /// Dispatches in progress at once, across threads.
     pub concurrency: usize,
+    /// The MCP front's allow-lists and token.
+    pub mcp: ferry_runtime::mcp::McpConfig,
 }
 
 impl Default for ServeOptions {
@@ -48,6 +50,7 @@ impl Default for ServeOptions {
             max_body_bytes: Config::default().max_body_bytes,
             dispatch: DispatchConfig::default(),
             concurrency: 256,
+            mcp: Default::default(),
         }
     }
 }
@@ -165,7 +168,9 @@ pub async fn start(
     let checks = engine.recover().await?;
     tokio::spawn(checks);
 
-    let app = ferry_runtime::http::router(engine.clone(), metrics);
+    let app = ferry_runtime::http::router(engine.clone(), metrics).merge(
+        ferry_runtime::mcp::router(engine.clone(), options.mcp.clone()),
+    );
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

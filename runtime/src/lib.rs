@@ -5,6 +5,7 @@
 pub mod bus;
 pub mod engine;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod store;
 pub mod thread;
