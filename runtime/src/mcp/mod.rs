@@ -249,8 +249,18 @@ async fn dispatch(
             "capabilities": capabilities(false),
             "serverInfo": server_info(),
             "instructions": INSTRUCTIONS,
+            "ttlMs": 0,
+            "cacheScope": "private",
         }))),
-        "tools/list" => tools::list(engine, ctx, params).map(Some),
+        "tools/list" => {
+            let mut tools = tools::list(engine, ctx, params)?;
+            if ctx.stateless() {
+                // 2026-07-28 caching hints: toolsets change at any time.
+                tools["ttlMs"] = json!(0);
+                tools["cacheScope"] = json!("private");
+            }
+            Ok(Some(tools))
+        }
         "tools/call" => call(engine, ctx, params, stream).await,
         "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
         "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
