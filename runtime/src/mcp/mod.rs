@@ -251,6 +251,8 @@ async fn dispatch(
             "instructions": INSTRUCTIONS,
             "ttlMs": 0,
             "cacheScope": "private",
+            // Where the 2026-07-28 SDKs read the server's identity.
+            "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
         }))),
         "tools/list" => {
             let mut tools = tools::list(engine, ctx, params)?;
