@@ -15,6 +15,7 @@ fi
 
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
+bash ops/scripts/setup-mcp.sh
 cargo build --workspace --bins --tests --quiet
 
 # Two cores: integration tests spawn processes; four test threads keep the

@@ -168,9 +168,18 @@ pub async fn start(
     let checks = engine.recover().await?;
     tokio::spawn(checks);
 
-    let app = ferry_runtime::http::router(engine.clone(), metrics).merge(
-        ferry_runtime::mcp::router(engine.clone(), options.mcp.clone()),
-    );
+    // The public URL's authority is how clients reach Ferry: `/mcp`
+    // accepts it as a Host.
+    let mut mcp = options.mcp.clone();
+    if let Some(authority) = public_url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+    {
+        mcp.allowed_hosts.push(authority.to_owned());
+    }
+    let app = ferry_runtime::http::router(engine.clone(), metrics)
+        .merge(ferry_runtime::mcp::router(engine.clone(), mcp));
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

@@ -109,8 +109,10 @@ impl Raw {
             .http
             .post(&self.url)
             .header("content-type", "application/json")
-            .header("accept", "application/json")
             .body(body);
+        if !headers.iter().any(|(k, _)| *k == "accept") {
+            request = request.header("accept", "application/json");
+        }
         if let Some(s) = &self.session {
             request = request.header("mcp-session-id", s);
         }
@@ -406,8 +408,36 @@ async fn sessions_negotiate_their_revision_and_end_with_delete() {
     }
     assert_eq!(raw.rpc("ping", json!({})).await.body["result"], json!({}));
 
-    let session = raw.session.clone().unwrap();
+    // A call answers as JSON, or as an SSE stream when the client takes one.
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {"text": "both ways"}}});
+    let json_answer = raw.send(call.to_string().into_bytes(), &[]).await;
+    assert_eq!(json_answer.headers["content-type"], "application/json");
+    assert_eq!(text_of(&json_answer.body["result"]), "both ways");
+    let sse = raw
+        .send(
+            call.to_string().into_bytes(),
+            &[("accept", "application/json, text/event-stream")],
+        )
+        .await;
+    assert_eq!(sse.headers["content-type"], "text/event-stream");
+    let stream = sse.body.as_str().unwrap();
+    let data = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .last()
+        .unwrap();
+    let last: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(
+        (last["id"].as_i64(), text_of(&last["result"])),
+        (Some(9), "both ways")
+    );
+    // No server-initiated stream: every answer rides its POST.
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let get = http.get(&raw.url).send().await.unwrap();
+    assert_eq!(get.status(), 405);
+
+    let session = raw.session.clone().unwrap();
     let delete = |s: &str| {
         http.delete(&raw.url)
             .header("mcp-session-id", s.to_owned())
