@@ -424,8 +424,8 @@ async fn sessions_negotiate_their_revision_and_end_with_delete() {
     let stream = sse.body.as_str().unwrap();
     let data = stream
         .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("data: "))
         .unwrap();
     let last: Value = serde_json::from_str(data).unwrap();
     assert_eq!(
