@@ -4,7 +4,9 @@ saw as one JSON object on stdout, for the Rust integration tests to check.
     python mcp_client.py URL MODE SCENARIO [GROUP_ID]
 
 MODE is the SDK's connect mode: "auto" (probe server/discover, fall back to
-initialize) or "legacy" (the initialize handshake). SCENARIO:
+initialize) or "legacy" (the initialize handshake); "future" is "auto" with
+the SDK told that its newest stateless revision is one Ferry does not speak,
+so that its probe fails and it falls back to initialize. SCENARIO:
 
 - basic: list every tool (following cursors), call echo, call fail, call
   echo with invalid arguments, call an unknown tool.
@@ -65,8 +67,18 @@ async def gated(client, out, group_id):
     out["progress"] = progress
 
 
+def pretend_a_future_revision():
+    from mcp.client import _probe
+
+    _probe.LATEST_MODERN_VERSION = "2099-01-01"
+    _probe.MODERN_PROTOCOL_VERSIONS = ("2099-01-01",)
+
+
 async def main():
     url, mode, scenario = sys.argv[1:4]
+    if mode == "future":
+        pretend_a_future_revision()
+        mode = "auto"
     out = {}
     async with Client(url, mode=mode) as client:
         out["protocol_version"] = client.protocol_version

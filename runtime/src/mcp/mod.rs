@@ -245,7 +245,7 @@ async fn dispatch(
     match method {
         "ping" => Ok(Some(json!({}))),
         "server/discover" => Ok(Some(json!({
-            "supportedVersions": [MODERN_VERSION, HANDSHAKE_VERSIONS[0], HANDSHAKE_VERSIONS[1], HANDSHAKE_VERSIONS[2]],
+            "supportedVersions": session::supported_versions(),
             "capabilities": capabilities(false),
             "serverInfo": server_info(),
             "instructions": INSTRUCTIONS,
@@ -298,8 +298,23 @@ async fn call(
             )));
         }
     }
-    let prefix = if as_task { tasks::CALL_PREFIX } else { "mcp-" };
-    let id = format!("{prefix}{}", uuid::Uuid::new_v4().simple());
+    // A client that names the call (`_meta["io.ferry/id"]`) may retry it:
+    // the same id and arguments attach to the same durable call.
+    let named = params
+        .get("_meta")
+        .and_then(|m| m.get(tools::CALL_ID_META))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| RpcError::invalid_params("_meta.io.ferry/id must be a string"))
+        })
+        .transpose()?;
+    let id = match (as_task, named) {
+        (false, Some(id)) => id,
+        (true, Some(id)) => format!("{}{id}", tasks::CALL_PREFIX),
+        (false, None) => format!("mcp-{}", uuid::Uuid::new_v4().simple()),
+        (true, None) => format!("{}{}", tasks::CALL_PREFIX, uuid::Uuid::new_v4().simple()),
+    };
     let accepted = match tools::submit(engine, ctx, name, params, id).await? {
         tools::Submitted::Refused(result) => return Ok(Some(result)),
         tools::Submitted::Call(accepted) => accepted,

@@ -26,6 +26,13 @@ pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const METHOD_HEADER: &str = "mcp-method";
 const NAME_HEADER: &str = "mcp-name";
 
+/// Every revision Ferry speaks, the stateless one first.
+pub fn supported_versions() -> Vec<&'static str> {
+    std::iter::once(MODERN_VERSION)
+        .chain(HANDSHAKE_VERSIONS)
+        .collect()
+}
+
 /// The version answered to an `initialize` asking for `requested`: the same
 /// when Ferry speaks it, else the newest handshake revision (the client
 /// then decides whether it can go on).
@@ -193,7 +200,9 @@ pub fn stateless(
             UNSUPPORTED_PROTOCOL_VERSION,
             "Unsupported protocol version",
         )
-        .with_data(json!({"supported": [MODERN_VERSION], "requested": other}))),
+        // The handshake revisions are listed too: a client that shares
+        // none of the stateless ones falls back to `initialize`.
+        .with_data(json!({"supported": supported_versions(), "requested": other}))),
         None => Err(bad_envelope(
             "the protocol version in params._meta must be a string".into(),
         )),
@@ -275,7 +284,7 @@ mod tests {
         );
         let e = stateless("tools/call", &params, &h).unwrap_err();
         assert_eq!(e.code, UNSUPPORTED_PROTOCOL_VERSION);
-        assert_eq!(e.data.unwrap()["supported"], json!([MODERN_VERSION]));
+        assert_eq!(e.data.unwrap()["supported"][0], json!(MODERN_VERSION));
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub const PAGE_SIZE: usize = 50;
 pub const GROUP_ID_META: &str = "io.ferry/group_id";
 pub const ANCESTORS_META: &str = "io.ferry/thread_ancestors";
 pub const USER_ID_META: &str = "io.ferry/user_id";
-/// `_meta` key of a result naming the Ferry call behind it.
+/// `_meta` key naming the Ferry call: set by the client on `tools/call` to
+/// make a retry idempotent, and on every result.
 pub const CALL_ID_META: &str = "io.ferry/id";
 
 /// How often a waiting call with a `progressToken` reports progress even
@@ -248,6 +249,11 @@ pub async fn submit(
             })))
         }
         Err(Error::InvalidRequest(m)) => Err(RpcError::invalid_params(m)),
+        Err(Error::Rejected(r @ crate::thread::Rejection::Conflict(_))) => {
+            Err(RpcError::invalid_params(format!(
+                "{r}: a call of this id exists with other arguments"
+            )))
+        }
         Err(Error::Rejected(r)) => Ok(Submitted::Refused(json!({
             "content": [{"type": "text", "text": format!("Error: {r}")}],
             "isError": true,
