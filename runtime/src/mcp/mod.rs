@@ -30,7 +30,7 @@ use tracing::{info_span, Instrument};
 
 use crate::engine::Engine;
 use jsonrpc::{Incoming, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND};
-use session::{Context, Sessions, HANDSHAKE_VERSIONS, MODERN_VERSION, SESSION_HEADER};
+use session::{Context, Sessions, HANDSHAKE_VERSIONS, SESSION_HEADER};
 
 /// What `ferry serve` configures for `/mcp`.
 #[derive(Debug, Clone)]
