@@ -776,6 +776,7 @@ async fn the_official_conformance_suite_passes_the_scenarios_that_apply() {
         "tools-call-simple-text",
         "tools-call-image",
         "tools-call-error",
+        "server-sse-multiple-streams",
         "dns-rebinding-protection",
     ] {
         let out = Command::new(&node)

@@ -299,6 +299,7 @@ fn describe(call: &CallRecord) -> String {
 /// With a progress token and a stream to the client, reports each change of
 /// the call's state and a heartbeat; gives up waiting (not the call) when
 /// the client's stream closes (`Ok(None)`).
+#[instrument(skip_all, fields(group_id = %call.group_id, call_id = %call.id))]
 pub async fn wait(
     engine: &Engine,
     call: &Accepted,
