@@ -722,6 +722,62 @@ async fn long_running_tools_run_as_tasks_backed_by_the_durable_call() {
     assert_eq!(refused.body["error"]["code"], -32602);
 }
 
+/// A task outlives the process that created it and the session that asked:
+/// after `kill -9` and a restart, the tool's callback lands and a new
+/// session reads the result.
+#[tokio::test]
+async fn a_task_survives_kill_9_and_a_new_session_reads_its_result() {
+    let tool = TestTool::with_manifest(json!({"name": "slow", "tools": [
+        {"name": "job", "description": "Takes its time.", "inputSchema": {"type": "object"},
+         "annotations": {"longRunning": true}}
+    ]}))
+    .await;
+    let mut ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let mut raw = Raw::new(&ferry);
+    raw.initialize("2025-11-25").await;
+    let created = raw
+        .rpc(
+            "tools/call",
+            json!({"name": "job", "arguments": {}, "task": {}}),
+        )
+        .await;
+    let task_id = created.body["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task: {}", created.body))
+        .to_owned();
+    let invoked = tool.next_invocation().await.invocation;
+
+    ferry.restart().await;
+    let stale = raw.rpc("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(stale.status, 404, "sessions do not survive a restart");
+    raw.initialize("2025-11-25").await;
+    let waiting = raw.rpc("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(
+        waiting.body["result"]["status"], "working",
+        "{}",
+        waiting.body
+    );
+
+    let api = ferry.api();
+    let callback = json!({"type": "tool_result", "group_id": invoked.group_id,
+                          "id": invoked.id, "text": "done after the restart"});
+    let (status, _) = api.post(&invoked.callback_url, &callback).await;
+    assert_eq!(status, 200);
+    let result = raw.rpc("tasks/result", json!({"taskId": task_id})).await;
+    assert_eq!(
+        text_of(&result.body["result"]),
+        "done after the restart",
+        "{}",
+        result.body
+    );
+    let done = raw.rpc("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(done.body["result"]["status"], "completed");
+}
+
 /// A RAP tool server with the tools the conformance scenarios call; each
 /// invocation is answered with the result the scenario expects.
 async fn conformance_tools() -> (std::sync::Arc<TestTool>, tokio::task::JoinHandle<()>) {
