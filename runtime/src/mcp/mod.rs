@@ -123,9 +123,8 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         Ok(Incoming::Request { id, method, params }) => (id, method, params),
     };
     let ctx = match session::in_session(&mcp.sessions, &headers) {
-        Some(Ok(ctx)) if method == "initialize" => {
+        Some(Ok(_)) if method == "initialize" => {
             let e = RpcError::new(INVALID_REQUEST, "this session is already initialized");
-            let _ = ctx;
             return error_reply(&id, &e);
         }
         Some(Ok(ctx)) => ctx,
