@@ -13,10 +13,13 @@ if [ -z "${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
 
-# The cluster tests start real nats-servers.
+# The real clients and servers the tests drive: nats-server (cluster
+# tests), the OXP client and the ACP schema, the MCP SDK and conformance
+# suite. Each installs only what is missing.
 bash ops/scripts/install-nats.sh
-
 bash ops/scripts/setup-oxp.sh  # OXP client venv (target/py) and ACP schema (target/acp)
+bash ops/scripts/setup-mcp.sh  # MCP SDK (target/py), Node 22 + conformance suite (target/node)
+
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
 cargo build --workspace --bins --tests --quiet

@@ -88,6 +88,25 @@ struct Serve {
     /// OXP: seconds `tools/call` waits for a result before "retry later".
     #[arg(long, default_value_t = 30, env = "FERRY_OXP_WAIT_SECS")]
     oxp_wait_secs: u64,
+    /// A `Host` (`name` or `name:port`) `/mcp` accepts besides loopback
+    /// (repeatable): DNS-rebinding protection refuses any other.
+    #[arg(
+        long = "mcp-allowed-host",
+        env = "FERRY_MCP_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    mcp_allowed_hosts: Vec<String>,
+    /// An `Origin` `/mcp` accepts besides loopback ones (repeatable; `*`
+    /// for any); a foreign Origin gets 403.
+    #[arg(
+        long = "mcp-allowed-origin",
+        env = "FERRY_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    mcp_allowed_origins: Vec<String>,
+    /// Require `Authorization: Bearer <token>` on `/mcp`.
+    #[arg(long, env = "FERRY_MCP_BEARER_TOKEN", hide_env_values = true)]
+    mcp_bearer_token: Option<String>,
     #[command(flatten)]
     dispatch: DispatchArgs,
 }
@@ -250,6 +269,12 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
                 api_key: args.oxp_api_key,
             },
             wait: Duration::from_secs(args.oxp_wait_secs),
+            max_body_bytes: args.max_body_bytes,
+        },
+        mcp: ferry_runtime::mcp::McpConfig {
+            allowed_hosts: args.mcp_allowed_hosts,
+            allowed_origins: args.mcp_allowed_origins,
+            bearer_token: args.mcp_bearer_token,
             max_body_bytes: args.max_body_bytes,
         },
         ..ServeOptions::default()

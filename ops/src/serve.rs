@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub concurrency: usize,
     /// The OXP server's credentials and wait.
     pub oxp: ferry_runtime::oxp::OxpConfig,
+    /// The MCP front's allow-lists and token.
+    pub mcp: ferry_runtime::mcp::McpConfig,
 }
 
 impl Default for ServeOptions {
@@ -51,6 +53,7 @@ impl Default for ServeOptions {
             dispatch: DispatchConfig::default(),
             concurrency: 256,
             oxp: Default::default(),
+            mcp: Default::default(),
         }
     }
 }
@@ -178,8 +181,19 @@ pub async fn start(
     let checks = engine.recover().await?;
     tokio::spawn(checks);
 
+    // The public URL's authority is how clients reach Ferry: `/mcp`
+    // accepts it as a Host.
+    let mut mcp = options.mcp.clone();
+    if let Some(authority) = public_url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+    {
+        mcp.allowed_hosts.push(authority.to_owned());
+    }
     let app = ferry_runtime::http::router(engine.clone(), metrics)
-        .merge(ferry_runtime::oxp::router(engine.clone(), &options.oxp));
+        .merge(ferry_runtime::oxp::router(engine.clone(), &options.oxp))
+        .merge(ferry_runtime::mcp::router(engine.clone(), mcp));
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

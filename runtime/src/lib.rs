@@ -7,6 +7,7 @@ pub mod bus;
 pub mod cluster;
 pub mod engine;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod oxp;
 pub mod store;

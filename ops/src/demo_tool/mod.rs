@@ -141,12 +141,21 @@ async fn manifest(headers: HeaderMap) -> Json<Manifest> {
             json!({"text": text("text to echo")}),
             &["text"],
         ),
-        tool(
-            "sleep",
-            "Answers after the given number of seconds.",
-            json!({"seconds": {"type": "number", "minimum": 0, "description": "how long to sleep"}}),
-            &["seconds"],
-        ),
+        ToolDef {
+            // Long-running: MCP clients may run it as a task.
+            annotations: Some(Annotations {
+                long_running: Some(true),
+                read_only: Some(true),
+                idempotent: Some(true),
+                ..Annotations::default()
+            }),
+            ..tool(
+                "sleep",
+                "Answers after the given number of seconds.",
+                json!({"seconds": {"type": "number", "minimum": 0, "description": "how long to sleep"}}),
+                &["seconds"],
+            )
+        },
         tool(
             "fail",
             "Answers with an error result.",

@@ -1,0 +1,193 @@
+//! JSON-RPC 2.0 framing for `/mcp`: one message per POST (batches were
+//! removed from MCP in 2025-06-18), its error codes, and answers.
+
+use serde_json::{json, Map, Value};
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
+/// The `Mcp-Session-Id` names no live session (the SDKs' convention).
+pub const SESSION_NOT_FOUND: i64 = -32001;
+/// 2026-07-28: the routing headers disagree with the body.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// 2026-07-28: the request's protocol version is not served here.
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
+/// A JSON-RPC error object, with the HTTP status it is sent under.
+#[derive(Debug, Clone)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+    pub http_status: u16,
+}
+
+impl RpcError {
+    /// An error in answer to a well-formed request: HTTP 200.
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+            http_status: 200,
+        }
+    }
+
+    /// An error of the transport layer (unparseable, session, headers).
+    pub fn transport(http_status: u16, code: i64, message: impl Into<String>) -> Self {
+        Self {
+            http_status,
+            ..Self::new(code, message)
+        }
+    }
+
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(INVALID_PARAMS, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(INTERNAL_ERROR, message)
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    pub fn to_value(&self) -> Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(data) = &self.data {
+            error["data"] = data.clone();
+        }
+        error
+    }
+}
+
+/// One incoming message, classified.
+#[derive(Debug)]
+pub enum Incoming {
+    Request {
+        id: Value,
+        method: String,
+        params: Map<String, Value>,
+    },
+    Notification {
+        method: String,
+    },
+    /// A client's answer to a server request; Ferry sends none, so it is
+    /// acknowledged and dropped.
+    Response,
+}
+
+impl Incoming {
+    /// Parses one POST body. Errors carry the request id where it was
+    /// readable, so the client can match them.
+    pub fn parse(body: &[u8]) -> Result<Incoming, (Value, RpcError)> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| {
+            (
+                Value::Null,
+                RpcError::transport(400, PARSE_ERROR, format!("Parse error: {e}")),
+            )
+        })?;
+        let bad = |id: Value, why: &str| {
+            Err((
+                id,
+                RpcError::transport(400, INVALID_REQUEST, format!("Invalid Request: {why}")),
+            ))
+        };
+        let mut object = match value {
+            Value::Object(o) => o,
+            Value::Array(_) => {
+                return bad(
+                    Value::Null,
+                    "JSON-RPC batches are not supported (removed in MCP 2025-06-18); send one message per POST",
+                )
+            }
+            _ => return bad(Value::Null, "a JSON-RPC message must be an object"),
+        };
+        let id = object.remove("id");
+        let valid_id = matches!(&id, Some(Value::String(_)) | Some(Value::Number(_)));
+        let shown_id = if valid_id {
+            id.clone().unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        if object.get("jsonrpc") != Some(&json!("2.0")) {
+            return bad(shown_id, "\"jsonrpc\" must be \"2.0\"");
+        }
+        let params = match object.remove("params") {
+            None => Map::new(),
+            Some(Value::Object(p)) => p,
+            Some(_) => return bad(shown_id, "\"params\" must be an object"),
+        };
+        match (object.remove("method"), id) {
+            (Some(Value::String(method)), None) => Ok(Incoming::Notification { method }),
+            (Some(Value::String(method)), Some(id)) if valid_id => {
+                Ok(Incoming::Request { id, method, params })
+            }
+            (Some(Value::String(_)), Some(_)) => {
+                bad(Value::Null, "\"id\" must be a string or a number")
+            }
+            (Some(_), _) => bad(shown_id, "\"method\" must be a string"),
+            (None, Some(_)) if object.contains_key("result") || object.contains_key("error") => {
+                Ok(Incoming::Response)
+            }
+            (None, _) => bad(shown_id, "\"method\" is missing"),
+        }
+    }
+}
+
+pub fn response(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+pub fn error_response(id: &Value, error: &RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error.to_value()})
+}
+
+pub fn notification(method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": method, "params": params})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(body: &str) -> i64 {
+        Incoming::parse(body.as_bytes()).unwrap_err().1.code
+    }
+
+    #[test]
+    fn malformed_messages_get_their_json_rpc_codes() {
+        assert_eq!(code("{not json"), PARSE_ERROR);
+        assert_eq!(
+            code(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#),
+            INVALID_REQUEST
+        );
+        assert_eq!(code(r#"{"jsonrpc":"2.0","id":1}"#), INVALID_REQUEST);
+    }
+
+    #[test]
+    fn requests_notifications_and_responses_are_told_apart() {
+        let r = Incoming::parse(br#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#).unwrap();
+        assert!(matches!(r, Incoming::Request { ref method, .. } if method == "ping"));
+        let n = Incoming::parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert!(matches!(n, Ok(Incoming::Notification { .. })));
+        let a = Incoming::parse(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#);
+        assert!(matches!(a, Ok(Incoming::Response)));
+    }
+}

@@ -1,0 +1,365 @@
+//! The MCP server at `/mcp` (Streamable HTTP, JSON-RPC 2.0): Ferry's tools
+//! as MCP tools, each `tools/call` a Ferry call on the same durable path as
+//! `POST /v1/calls` (validated, gated, persisted, dispatched, deduped,
+//! visible in its thread's events).
+//!
+//! Revisions: 2025-11-25 (negotiating down to 2025-06-18 and 2025-03-26)
+//! with the `initialize` handshake and `Mcp-Session-Id` sessions; and the
+//! stateless 2026-07-28 (`server/discover`, the `_meta` envelope and the
+//! `Mcp-Method`/`Mcp-Name` headers on every request). See `session`.
+
+mod jsonrpc;
+mod security;
+mod session;
+mod tasks;
+mod tools;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tracing::{info_span, Instrument};
+
+use crate::engine::Engine;
+use jsonrpc::{Incoming, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND};
+use session::{Context, Sessions, HANDSHAKE_VERSIONS, SESSION_HEADER};
+
+/// What `ferry serve` configures for `/mcp`.
+#[derive(Debug, Clone)]
+pub struct McpConfig {
+    /// Extra `Host` values accepted besides loopback (`host` or
+    /// `host:port`): what clients use to reach Ferry when it listens on a
+    /// non-loopback address.
+    pub allowed_hosts: Vec<String>,
+    /// Extra `Origin`s accepted besides loopback ones (`*` for any).
+    pub allowed_origins: Vec<String>,
+    /// When set, every request must carry `Authorization: Bearer <token>`.
+    pub bearer_token: Option<String>,
+    pub max_body_bytes: usize,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: vec![],
+            allowed_origins: vec![],
+            bearer_token: None,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+struct Mcp {
+    engine: Arc<Engine>,
+    config: McpConfig,
+    sessions: Sessions,
+}
+
+/// `POST`, `GET` and `DELETE /mcp`.
+pub fn router(engine: Arc<Engine>, config: McpConfig) -> Router {
+    let mcp = Arc::new(Mcp {
+        engine,
+        config,
+        sessions: Sessions::default(),
+    });
+    Router::new()
+        .route("/mcp", post(receive).get(no_stream).delete(end_session))
+        .with_state(mcp)
+}
+
+/// An error answered on its own (not as part of a stream).
+fn error_reply(id: &Value, error: &RpcError) -> Response {
+    let status = StatusCode::from_u16(error.http_status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut response = (status, Json(jsonrpc::error_response(id, error))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+fn accepts_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
+    let headers = req.headers().clone();
+    if let Err(e) = security::check(&mcp.config, &headers) {
+        return error_reply(&Value::Null, &e);
+    }
+    let body = match axum::body::to_bytes(req.into_body(), mcp.config.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            let e = RpcError::transport(
+                413,
+                INVALID_REQUEST,
+                "the request body is larger than the configured limit",
+            );
+            return error_reply(&Value::Null, &e);
+        }
+    };
+    let (id, method, params) = match Incoming::parse(&body) {
+        Err((id, e)) => return error_reply(&id, &e),
+        Ok(Incoming::Notification { method }) => {
+            // `notifications/initialized`, `notifications/cancelled` (a call
+            // is durable: cancel it with `tasks/cancel` or the native API).
+            tracing::debug!(%method, "MCP notification");
+            return StatusCode::ACCEPTED.into_response();
+        }
+        Ok(Incoming::Response) => return StatusCode::ACCEPTED.into_response(),
+        Ok(Incoming::Request { id, method, params }) => (id, method, params),
+    };
+    let ctx = match session::in_session(&mcp.sessions, &headers) {
+        Some(Ok(_)) if method == "initialize" => {
+            let e = RpcError::new(INVALID_REQUEST, "this session is already initialized");
+            return error_reply(&id, &e);
+        }
+        Some(Ok(ctx)) => ctx,
+        Some(Err(e)) => return error_reply(&id, &e),
+        None if method == "initialize" => return initialize(&mcp, &id, &params),
+        None if session::looks_modern(&method, &params, &headers) => {
+            match session::stateless(&method, &params, &headers) {
+                Ok(ctx) => ctx,
+                Err(e) => return error_reply(&id, &e),
+            }
+        }
+        None => {
+            let e = RpcError::transport(
+                400,
+                INVALID_REQUEST,
+                "Bad Request: no Mcp-Session-Id header; send initialize first, or use the \
+                 2026-07-28 revision's _meta envelope",
+            );
+            return error_reply(&id, &e);
+        }
+    };
+    let span = info_span!("mcp", %method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version);
+    // Calls may wait long (a reviewer, a slow tool): answer them as a stream
+    // when the client takes one, so progress and keep-alives can flow.
+    let long = matches!(method.as_str(), "tools/call" | "tasks/result");
+    if long && accepts_sse(&headers) {
+        let (tx, rx) = mpsc::channel::<Value>(16);
+        tokio::spawn(
+            async move {
+                let answer = dispatch(&mcp, &ctx, &method, &params, Some(&tx)).await;
+                if let Some(message) = answer_message(&id, &ctx, answer) {
+                    let _ = tx.send(message).await;
+                }
+            }
+            .instrument(span),
+        );
+        let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|message| {
+            Ok::<_, Infallible>(Event::default().event("message").data(message.to_string()))
+        });
+        return Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response();
+    }
+    let answer = dispatch(&mcp, &ctx, &method, &params, None)
+        .instrument(span)
+        .await;
+    match answer_message(&id, &ctx, answer) {
+        Some(message) => Json(message).into_response(),
+        None => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+/// The JSON-RPC answer; `None` when the client is gone.
+fn answer_message(
+    id: &Value,
+    ctx: &Context,
+    answer: Result<Option<Value>, RpcError>,
+) -> Option<Value> {
+    match answer {
+        Ok(Some(mut result)) => {
+            // 2026-07-28 results say whether they are final.
+            if ctx.stateless() {
+                if let Some(object) = result.as_object_mut() {
+                    object.insert("resultType".into(), json!("complete"));
+                }
+            }
+            Some(jsonrpc::response(id, result))
+        }
+        Ok(None) => None,
+        Err(e) => Some(jsonrpc::error_response(id, &e)),
+    }
+}
+
+fn capabilities(tasks: bool) -> Value {
+    let mut caps = json!({"tools": {"listChanged": false}});
+    if tasks {
+        caps["tasks"] = json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}});
+    }
+    caps
+}
+
+fn server_info() -> Value {
+    json!({"name": "ferry", "title": "Ferry", "version": env!("CARGO_PKG_VERSION")})
+}
+
+const INSTRUCTIONS: &str = "Tools run through Ferry, a durable tool runtime: every call is \
+    recorded in a thread, some wait for a human reviewer's approval, and a result starting \
+    with 'Error: ' reports a failure.";
+
+/// The 2025 handshake: negotiates the revision and opens a session.
+fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
+    let version = session::negotiate(params.get("protocolVersion").and_then(Value::as_str));
+    let session = mcp.sessions.open(version);
+    tracing::info!(session = %session, version, "MCP session opened");
+    let result = json!({
+        "protocolVersion": version,
+        "capabilities": capabilities(version == HANDSHAKE_VERSIONS[0]),
+        "serverInfo": server_info(),
+        "instructions": INSTRUCTIONS,
+    });
+    let mut response = Json(jsonrpc::response(id, result)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&session) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response
+}
+
+/// Runs one request. `stream` is the SSE channel when the answer streams.
+async fn dispatch(
+    mcp: &Mcp,
+    ctx: &Context,
+    method: &str,
+    params: &Map<String, Value>,
+    stream: Option<&mpsc::Sender<Value>>,
+) -> Result<Option<Value>, RpcError> {
+    let engine = &mcp.engine;
+    match method {
+        "ping" => Ok(Some(json!({}))),
+        "server/discover" => Ok(Some(json!({
+            "supportedVersions": session::supported_versions(),
+            "capabilities": capabilities(false),
+            "serverInfo": server_info(),
+            "instructions": INSTRUCTIONS,
+            "ttlMs": 0,
+            "cacheScope": "private",
+            // Where the 2026-07-28 SDKs read the server's identity.
+            "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
+        }))),
+        "tools/list" => {
+            let mut tools = tools::list(engine, ctx, params)?;
+            if ctx.stateless() {
+                // 2026-07-28 caching hints: toolsets change at any time.
+                tools["ttlMs"] = json!(0);
+                tools["cacheScope"] = json!("private");
+            }
+            Ok(Some(tools))
+        }
+        "tools/call" => call(engine, ctx, params, stream).await,
+        "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
+        "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
+        "tasks/list" if ctx.tasks() => tasks::list(engine, ctx, params).await.map(Some),
+        "tasks/cancel" if ctx.tasks() => tasks::cancel(engine, params).await.map(Some),
+        other => Err(RpcError::new(
+            METHOD_NOT_FOUND,
+            format!("Method not found: {other}"),
+        )),
+    }
+}
+
+async fn call(
+    engine: &Arc<Engine>,
+    ctx: &Context,
+    params: &Map<String, Value>,
+    stream: Option<&mpsc::Sender<Value>>,
+) -> Result<Option<Value>, RpcError> {
+    let name = params
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::invalid_params("tools/call needs params.name, a string"))?;
+    let as_task = ctx.tasks() && params.get("task").is_some_and(Value::is_object);
+    if as_task {
+        let listed = tools::all(engine, ctx);
+        let supports = listed
+            .iter()
+            .find(|t| t["name"] == name)
+            .is_some_and(|t| t.get("execution").is_some());
+        if !supports {
+            return Err(RpcError::invalid_params(format!(
+                "tool {name:?} does not support task-augmented execution (only tools annotated longRunning do)"
+            )));
+        }
+    }
+    // A client that names the call (`_meta["io.ferry/id"]`) may retry it:
+    // the same id and arguments attach to the same durable call.
+    let named = params
+        .get("_meta")
+        .and_then(|m| m.get(tools::CALL_ID_META))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| RpcError::invalid_params("_meta.io.ferry/id must be a string"))
+        })
+        .transpose()?;
+    let id = match (as_task, named) {
+        (false, Some(id)) => id,
+        (true, Some(id)) => format!("{}{id}", tasks::CALL_PREFIX),
+        (false, None) => format!("mcp-{}", uuid::Uuid::new_v4().simple()),
+        (true, None) => format!("{}{}", tasks::CALL_PREFIX, uuid::Uuid::new_v4().simple()),
+    };
+    let accepted = match tools::submit(engine, ctx, name, params, id).await? {
+        tools::Submitted::Refused(result) => return Ok(Some(result)),
+        tools::Submitted::Call(accepted) => accepted,
+    };
+    if as_task {
+        return tasks::created(engine, &accepted).await.map(Some);
+    }
+    let token = params
+        .get("_meta")
+        .and_then(|m| m.get("progressToken"))
+        .filter(|t| t.is_string() || t.is_number());
+    let settled = tools::wait(engine, &accepted, stream, token).await?;
+    Ok(settled.map(|call| tools::result(&call, &accepted.group_id)))
+}
+
+/// Ferry opens no server-initiated stream: every answer travels on the
+/// POST that asked for it.
+async fn no_stream(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response {
+    if let Err(e) = security::check(&mcp.config, &headers) {
+        return error_reply(&Value::Null, &e);
+    }
+    let mut response = StatusCode::METHOD_NOT_ALLOWED.into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST, DELETE"));
+    response
+}
+
+/// `DELETE /mcp` ends the session it names (its thread stays).
+async fn end_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response {
+    if let Err(e) = security::check(&mcp.config, &headers) {
+        return error_reply(&Value::Null, &e);
+    }
+    let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
+        let e = RpcError::transport(
+            400,
+            INVALID_REQUEST,
+            "Bad Request: no Mcp-Session-Id header",
+        );
+        return error_reply(&Value::Null, &e);
+    };
+    if mcp.sessions.close(id) {
+        tracing::info!(session = id, "MCP session ended");
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        let e = RpcError::transport(404, jsonrpc::SESSION_NOT_FOUND, "Session not found");
+        error_reply(&Value::Null, &e)
+    }
+}

@@ -1,0 +1,171 @@
+//! DNS-rebinding protection and the optional bearer token: the checks every
+//! `/mcp` request passes before its body is read.
+
+use axum::http::{header, HeaderMap};
+
+use super::jsonrpc::{RpcError, INVALID_REQUEST};
+use super::McpConfig;
+
+/// Hosts every loopback server answers to, with or without a port.
+const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// The host part of `host[:port]` (IPv6 literals keep their brackets).
+fn host_name(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        return authority
+            .split(']')
+            .next()
+            .map_or(authority, |h| &authority[..=h.len()]);
+    }
+    authority.split(':').next().unwrap_or(authority)
+}
+
+fn allowed_host(config: &McpConfig, host: &str) -> bool {
+    let name = host_name(host);
+    LOOPBACK.contains(&name)
+        || config
+            .allowed_hosts
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
+}
+
+/// Browsers send `Origin` on cross-site requests: an origin on a loopback
+/// host, or one listed, may talk to Ferry; any other is a page trying to
+/// reach a local server through DNS rebinding.
+fn allowed_origin(config: &McpConfig, origin: &str) -> bool {
+    if config
+        .allowed_origins
+        .iter()
+        .any(|a| a == "*" || a.eq_ignore_ascii_case(origin.trim_end_matches('/')))
+    {
+        return true;
+    }
+    let Ok(url) = url::Url::parse(origin) else {
+        return false;
+    };
+    let host = match url.host() {
+        Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
+        Some(h) => h.to_string(),
+        None => return false,
+    };
+    LOOPBACK.contains(&host.as_str())
+}
+
+/// Refuses a request from a foreign `Host` or `Origin` (403), or without
+/// the configured bearer token (401).
+pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    match text(header::HOST) {
+        Some(host) if allowed_host(config, host) => {}
+        Some(host) => {
+            return Err(RpcError::transport(
+                403,
+                INVALID_REQUEST,
+                format!("Forbidden: Host {host:?} is not allowed (DNS-rebinding protection)"),
+            ))
+        }
+        None => {
+            return Err(RpcError::transport(
+                400,
+                INVALID_REQUEST,
+                "Bad Request: no Host header",
+            ))
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !allowed_origin(config, origin) {
+            return Err(RpcError::transport(
+                403,
+                INVALID_REQUEST,
+                format!("Forbidden: Origin {origin:?} is not allowed (DNS-rebinding protection)"),
+            ));
+        }
+    }
+    if let Some(token) = &config.bearer_token {
+        let given = text(header::AUTHORIZATION)
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return Err(RpcError::transport(
+                401,
+                INVALID_REQUEST,
+                "Unauthorized: a valid bearer token is required",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Compares without an early exit, so the time taken leaks nothing of
+/// the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(host: &str, origin: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_str(host).unwrap());
+        if let Some(o) = origin {
+            h.insert(header::ORIGIN, HeaderValue::from_str(o).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn loopback_passes_and_foreign_hosts_and_origins_do_not() {
+        let config = McpConfig::default();
+        assert!(check(&config, &headers("127.0.0.1:8080", None)).is_ok());
+        assert!(check(
+            &config,
+            &headers("[::1]:8080", Some("http://localhost:6274"))
+        )
+        .is_ok());
+        let host = check(&config, &headers("evil.example.com", None)).unwrap_err();
+        assert_eq!(host.http_status, 403);
+        let origin = check(
+            &config,
+            &headers("localhost", Some("http://evil.example.com")),
+        );
+        assert_eq!(origin.unwrap_err().http_status, 403);
+        let listed = McpConfig {
+            allowed_hosts: vec!["ferry.internal".into()],
+            allowed_origins: vec!["https://app.example.com".into()],
+            ..McpConfig::default()
+        };
+        assert!(check(
+            &listed,
+            &headers("ferry.internal:443", Some("https://app.example.com"))
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn the_bearer_token_is_required_when_configured() {
+        let config = McpConfig {
+            bearer_token: Some("s3cret".into()),
+            ..McpConfig::default()
+        };
+        let mut h = headers("localhost", None);
+        assert_eq!(check(&config, &h).unwrap_err().http_status, 401);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer wrong!"),
+        );
+        assert_eq!(check(&config, &h).unwrap_err().http_status, 401);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer s3cret"),
+        );
+        assert!(check(&config, &h).is_ok());
+    }
+}

@@ -1,0 +1,165 @@
+//! 2025-11-25 task augmentation for tools annotated `longRunning`: the task
+//! is the durable Ferry call itself, so its id names the call and any node
+//! can answer for it, and a client that went away comes back for the result.
+
+use base64::Engine as _;
+use ferry_proto::api::CallStatus;
+use serde_json::{json, Map, Value};
+
+use super::jsonrpc::RpcError;
+use super::session::Context;
+use super::tools::{self, Accepted};
+use crate::engine::{Engine, Error};
+use crate::thread::{CallRecord, Rejection};
+
+/// Call ids of task-augmented calls start with this: `tasks/list` shows them.
+pub const CALL_PREFIX: &str = "mcp-task-";
+/// Suggested milliseconds between `tasks/get` polls.
+const POLL_INTERVAL_MS: u64 = 1000;
+
+/// `base64url(JSON [group_id, call id])`.
+pub fn task_id(group_id: &str, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json!([group_id, id]).to_string())
+}
+
+fn parse_task_id(params: &Map<String, Value>) -> Result<Accepted, RpcError> {
+    let raw = params
+        .get("taskId")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::invalid_params("taskId (a string) is required"))?;
+    let unknown =
+        || RpcError::invalid_params(format!("Failed to retrieve task: unknown taskId {raw:?}"));
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(raw)
+        .map_err(|_| unknown())?;
+    let (group_id, id): (String, String) = serde_json::from_slice(&bytes).map_err(|_| unknown())?;
+    if !id.starts_with(CALL_PREFIX) {
+        return Err(unknown());
+    }
+    Ok(Accepted { group_id, id })
+}
+
+async fn load(engine: &Engine, task: &Accepted) -> Result<CallRecord, RpcError> {
+    engine
+        .call(&task.group_id, &task.id)
+        .await
+        .map_err(|e| match e {
+            Error::NotFound(_) | Error::InvalidRequest(_) => RpcError::invalid_params(format!(
+                "Failed to retrieve task: no call {:?} in thread {:?}",
+                task.id, task.group_id
+            )),
+            other => RpcError::internal(other.to_string()),
+        })
+}
+
+/// The MCP `Task` of a call.
+pub fn view(group_id: &str, call: &CallRecord) -> Value {
+    let (status, message) = match call.status {
+        _ if tools::settled(call) => {
+            let failed = call.result.as_ref().is_none_or(|r| r.is_error);
+            match call.status {
+                CallStatus::Cancelled => ("cancelled", "the call was cancelled"),
+                _ if failed => ("failed", "the call ended with an error result"),
+                _ => ("completed", "the call has its result"),
+            }
+        }
+        CallStatus::PendingApproval => ("working", "waiting for a reviewer's approval"),
+        CallStatus::AwaitingAuth => ("working", "waiting for the user to authorize"),
+        CallStatus::AwaitingUser => ("working", "waiting for the user's choice"),
+        _ => ("working", "running"),
+    };
+    json!({
+        "taskId": task_id(group_id, &call.id),
+        "status": status,
+        "statusMessage": message,
+        "createdAt": call.created_at,
+        "lastUpdatedAt": call.updated_at,
+        // Durable calls are kept: the result never expires.
+        "ttl": null,
+        "pollInterval": POLL_INTERVAL_MS,
+    })
+}
+
+/// `tools/call` with `task`: answers at once with the task.
+pub async fn created(engine: &Engine, call: &Accepted) -> Result<Value, RpcError> {
+    let record = load(engine, call).await?;
+    Ok(json!({"task": view(&call.group_id, &record)}))
+}
+
+pub async fn get(engine: &Engine, params: &Map<String, Value>) -> Result<Value, RpcError> {
+    let task = parse_task_id(params)?;
+    Ok(view(&task.group_id, &load(engine, &task).await?))
+}
+
+/// `tasks/result`: blocks until the call settles, then its `CallToolResult`.
+pub async fn result(
+    engine: &Engine,
+    params: &Map<String, Value>,
+    stream: Option<&tokio::sync::mpsc::Sender<Value>>,
+) -> Result<Option<Value>, RpcError> {
+    let task = parse_task_id(params)?;
+    load(engine, &task).await?;
+    let waited = tools::wait(engine, &task, stream, None).await?;
+    Ok(waited.map(|call| {
+        let mut value = tools::result(&call, &task.group_id);
+        value["_meta"]["io.modelcontextprotocol/related-task"] =
+            json!({"taskId": task_id(&task.group_id, &call.id)});
+        value
+    }))
+}
+
+/// `tasks/list`: the task-augmented calls of the request's thread (the
+/// session's, or the one `_meta` names), oldest first.
+pub async fn list(
+    engine: &Engine,
+    ctx: &Context,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
+    let explicit = params
+        .get("_meta")
+        .and_then(|m| m.get(tools::GROUP_ID_META))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let Some(group_id) = explicit.or_else(|| ctx.session.clone()) else {
+        return Ok(json!({"tasks": []}));
+    };
+    let calls = match engine.calls(&group_id).await {
+        Ok(calls) => calls,
+        Err(Error::InvalidRequest(m)) => return Err(RpcError::invalid_params(m)),
+        Err(e) => return Err(RpcError::internal(e.to_string())),
+    };
+    let tasks: Vec<Value> = calls
+        .iter()
+        .filter(|c| c.id.starts_with(CALL_PREFIX))
+        .map(|c| view(&group_id, c))
+        .collect();
+    Ok(json!({"tasks": tasks}))
+}
+
+/// `tasks/cancel`: cancels the durable call (Ferry tells the tool).
+pub async fn cancel(
+    engine: &std::sync::Arc<Engine>,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
+    let task = parse_task_id(params)?;
+    let record = load(engine, &task).await?;
+    if tools::settled(&record) {
+        return Err(RpcError::invalid_params(format!(
+            "Cannot cancel task: it is already {}",
+            view(&task.group_id, &record)["status"]
+                .as_str()
+                .unwrap_or("finished")
+        )));
+    }
+    let (e, g, id) = (engine.clone(), task.group_id.clone(), task.id.clone());
+    let cancelled = tokio::spawn(async move { e.cancel_call(&g, &id).await })
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+    match cancelled {
+        Ok(call) => Ok(view(&task.group_id, &call)),
+        Err(Error::Rejected(r @ (Rejection::Finished { .. } | Rejection::SubscriptionGone(_)))) => {
+            Err(RpcError::invalid_params(format!("Cannot cancel task: {r}")))
+        }
+        Err(e) => Err(RpcError::internal(e.to_string())),
+    }
+}

@@ -1,0 +1,376 @@
+//! `tools/list` and `tools/call`: Ferry's registered tools as MCP tools, and
+//! an MCP call as a Ferry call on the same durable path as `POST /v1/calls`.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use ferry_proto::api::{CallStatus, SubmitCall};
+use ferry_proto::rap::ContentItem;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tracing::{info, instrument};
+
+use super::jsonrpc::{self, RpcError};
+use super::session::Context;
+use crate::engine::{Engine, Error};
+use crate::thread::CallRecord;
+use crate::toolsets::{cancel_subscription_schema, CANCEL_SUBSCRIPTION};
+
+/// Tools per `tools/list` page.
+pub const PAGE_SIZE: usize = 50;
+
+/// `_meta` keys a client may set on `tools/call` to place the call.
+pub const GROUP_ID_META: &str = "io.ferry/group_id";
+pub const ANCESTORS_META: &str = "io.ferry/thread_ancestors";
+pub const USER_ID_META: &str = "io.ferry/user_id";
+/// `_meta` key naming the Ferry call: set by the client on `tools/call` to
+/// make a retry idempotent, and on every result.
+pub const CALL_ID_META: &str = "io.ferry/id";
+
+/// How often a waiting call with a `progressToken` reports progress even
+/// when nothing changed, so the client knows it is still waiting.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Every tool as MCP lists it, sorted by name: the latest version of each
+/// toolset's tools (bare name, or `Toolset.tool` where bare names clash) and
+/// the built-in `cancel_subscription`.
+pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
+    let mut tools = vec![json!({
+        "name": CANCEL_SUBSCRIPTION,
+        "description": "Cancel an active subscription of this thread, named by the call that opened it.",
+        "inputSchema": cancel_subscription_schema(),
+        "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true},
+    })];
+    for toolset in engine.toolsets() {
+        let latest = engine
+            .toolset(&toolset.name)
+            .ok()
+            .and_then(|v| v.last().map(|l| l.version.clone()));
+        if latest.as_ref() != Some(&toolset.version) {
+            continue;
+        }
+        for tool in &toolset.tools {
+            let name = if toolset.available.contains(&tool.name) {
+                tool.name.clone()
+            } else {
+                format!("{}.{}", toolset.name, tool.name)
+            };
+            let description = if tool.description.trim().is_empty() {
+                format!("{} (toolset {})", tool.name, toolset.name)
+            } else {
+                tool.description.clone()
+            };
+            let mut entry = json!({
+                "name": name,
+                "description": description,
+                "inputSchema": tool.input_schema,
+                "_meta": {"io.ferry/qualified": tool.qualified},
+            });
+            let a = tool.annotations.clone().unwrap_or_default();
+            let mut hints = Map::new();
+            for (key, value) in [
+                ("readOnlyHint", a.read_only),
+                ("destructiveHint", a.destructive),
+                ("idempotentHint", a.idempotent),
+            ] {
+                if let Some(v) = value {
+                    hints.insert(key.into(), json!(v));
+                }
+            }
+            if !hints.is_empty() {
+                entry["annotations"] = Value::Object(hints);
+            }
+            if ctx.tasks() && a.long_running == Some(true) {
+                entry["execution"] = json!({"taskSupport": "optional"});
+            }
+            tools.push(entry);
+        }
+    }
+    tools.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    tools
+}
+
+/// One page of `tools/list`. The cursor is the last name of the previous
+/// page, so pages stay consistent when toolsets change in between.
+pub fn list(
+    engine: &Engine,
+    ctx: &Context,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
+    let after = match params.get("cursor") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) => Some(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(c)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .ok_or_else(|| RpcError::invalid_params(format!("invalid cursor {c:?}")))?,
+        ),
+        Some(_) => return Err(RpcError::invalid_params("cursor must be a string")),
+    };
+    let tools: Vec<Value> = all(engine, ctx)
+        .into_iter()
+        .filter(|t| {
+            after
+                .as_deref()
+                .is_none_or(|a| t["name"].as_str() > Some(a))
+        })
+        .collect();
+    let more = tools.len() > PAGE_SIZE;
+    let page: Vec<Value> = tools.into_iter().take(PAGE_SIZE).collect();
+    let mut result = json!({"tools": page});
+    if more {
+        let last = page.last().and_then(|t| t["name"].as_str()).unwrap_or("");
+        result["nextCursor"] = json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last));
+    }
+    Ok(result)
+}
+
+/// Where an MCP call goes: the thread `_meta` names, else the session's,
+/// else (stateless) a thread of its own.
+pub struct Placement {
+    pub group_id: String,
+    pub thread_ancestors: Option<Vec<String>>,
+    pub user_id: Option<String>,
+}
+
+pub fn placement(ctx: &Context, params: &Map<String, Value>) -> Result<Placement, RpcError> {
+    let meta = params.get("_meta").and_then(Value::as_object);
+    let get = |key: &str| meta.and_then(|m| m.get(key)).filter(|v| !v.is_null());
+    let string = |key: &str| match get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(RpcError::invalid_params(format!(
+            "_meta.{key} must be a string"
+        ))),
+    };
+    let thread_ancestors = match get(ANCESTORS_META) {
+        None => None,
+        Some(Value::Array(items)) => Some(
+            items
+                .iter()
+                .map(|i| i.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    RpcError::invalid_params(format!("_meta.{ANCESTORS_META} must be strings"))
+                })?,
+        ),
+        Some(_) => {
+            return Err(RpcError::invalid_params(format!(
+                "_meta.{ANCESTORS_META} must be an array of strings"
+            )))
+        }
+    };
+    let group_id = match (string(GROUP_ID_META)?, &ctx.session) {
+        (Some(g), _) => g,
+        (None, Some(session)) => session.clone(),
+        (None, None) => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
+    };
+    Ok(Placement {
+        group_id,
+        thread_ancestors,
+        user_id: string(USER_ID_META)?,
+    })
+}
+
+/// A call Ferry accepted for an MCP request.
+pub struct Accepted {
+    pub group_id: String,
+    pub id: String,
+}
+
+/// What `tools/call` submits, or the answer it gives without a call.
+pub enum Submitted {
+    Call(Accepted),
+    /// The arguments broke the tool's schema: a tool error, so the model can
+    /// correct itself; nothing was recorded.
+    Refused(Value),
+}
+
+/// Submits the call through `Engine::submit`, in a task of its own so that
+/// a client hanging up cannot cut the command between write and flush.
+#[instrument(skip_all, fields(group_id, call_id = %id, tool = %name))]
+pub async fn submit(
+    engine: &std::sync::Arc<Engine>,
+    ctx: &Context,
+    name: &str,
+    params: &Map<String, Value>,
+    id: String,
+) -> Result<Submitted, RpcError> {
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::Object(a)) => Value::Object(a.clone()),
+        Some(_) => return Err(RpcError::invalid_params("arguments must be an object")),
+    };
+    let place = placement(ctx, params)?;
+    tracing::Span::current().record("group_id", place.group_id.as_str());
+    let request = SubmitCall {
+        operation: name.to_owned(),
+        arguments,
+        group_id: place.group_id.clone(),
+        id: Some(id.clone()),
+        call_id: None,
+        user_id: place.user_id,
+        thread_ancestors: place.thread_ancestors,
+    };
+    let engine = engine.clone();
+    let submitted = tokio::spawn(async move { engine.submit(request).await })
+        .await
+        .map_err(|e| RpcError::internal(format!("the call did not complete: {e}")))?;
+    match submitted {
+        Ok((_, reply)) => {
+            info!(status = ?reply.status, "MCP call accepted");
+            Ok(Submitted::Call(Accepted {
+                group_id: reply.group_id,
+                id: reply.id,
+            }))
+        }
+        Err(Error::UnknownTool(m) | Error::AmbiguousTool(m)) => Err(RpcError::invalid_params(
+            format!("Unknown tool {name:?}: {m}"),
+        )),
+        Err(Error::InvalidArguments(errors)) => {
+            let listed: Vec<String> = errors
+                .iter()
+                .map(|(param, why)| {
+                    let why = why.as_str().map_or_else(|| why.to_string(), str::to_owned);
+                    let param = if param.is_empty() {
+                        "(arguments)"
+                    } else {
+                        param
+                    };
+                    format!("{param}: {why}")
+                })
+                .collect();
+            let text = format!("Error: invalid arguments for {name}: {}", listed.join("; "));
+            Ok(Submitted::Refused(json!({
+                "content": [{"type": "text", "text": text}],
+                "isError": true,
+                "_meta": {"io.ferry/parameter_errors": errors},
+            })))
+        }
+        Err(Error::InvalidRequest(m)) => Err(RpcError::invalid_params(m)),
+        Err(Error::Rejected(r @ crate::thread::Rejection::Conflict(_))) => {
+            Err(RpcError::invalid_params(format!(
+                "{r}: a call of this id exists with other arguments"
+            )))
+        }
+        Err(Error::Rejected(r)) => Ok(Submitted::Refused(json!({
+            "content": [{"type": "text", "text": format!("Error: {r}")}],
+            "isError": true,
+        }))),
+        Err(e) => Err(RpcError::internal(e.to_string())),
+    }
+}
+
+/// Whether the agent has its answer: a result, or an end without one.
+pub fn settled(call: &CallRecord) -> bool {
+    call.result.is_some()
+        || matches!(
+            call.status,
+            CallStatus::Completed
+                | CallStatus::Failed
+                | CallStatus::Cancelled
+                | CallStatus::Rejected
+        )
+}
+
+/// What a waiting call is doing, in words for progress notifications.
+fn describe(call: &CallRecord) -> String {
+    match call.status {
+        CallStatus::PendingApproval => format!(
+            "waiting for a reviewer to approve {} (until {})",
+            call.tool,
+            call.approval_deadline
+                .as_deref()
+                .unwrap_or("the approval timeout")
+        ),
+        CallStatus::Queued => "queued for dispatch".into(),
+        CallStatus::Dispatched => "running".into(),
+        CallStatus::AwaitingAuth => format!(
+            "waiting for the user to authorize at {}",
+            call.auth_url.as_deref().unwrap_or("the tool's link")
+        ),
+        CallStatus::AwaitingUser => "waiting for the user's choice".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Waits for the call's answer, as long as it takes (no protocol timeout).
+/// With a progress token and a stream to the client, reports each change of
+/// the call's state and a heartbeat; gives up waiting (not the call) when
+/// the client's stream closes (`Ok(None)`).
+#[instrument(skip_all, fields(group_id = %call.group_id, call_id = %call.id))]
+pub async fn wait(
+    engine: &Engine,
+    call: &Accepted,
+    stream: Option<&mpsc::Sender<Value>>,
+    token: Option<&Value>,
+) -> Result<Option<CallRecord>, RpcError> {
+    let mut last: Option<CallStatus> = None;
+    let mut step = 0u64;
+    loop {
+        let waited = engine.wait_for_call(&call.group_id, &call.id, HEARTBEAT, |c| {
+            settled(c) || Some(c.status) != last
+        });
+        let record = match stream {
+            Some(tx) => tokio::select! {
+                r = waited => r,
+                () = tx.closed() => return Ok(None),
+            },
+            None => waited.await,
+        }
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+        if settled(&record) {
+            return Ok(Some(record));
+        }
+        if let (Some(token), Some(tx)) = (token, stream) {
+            step += 1;
+            let note = jsonrpc::notification(
+                "notifications/progress",
+                json!({"progressToken": token, "progress": step, "message": describe(&record)}),
+            );
+            if tx.send(note).await.is_err() {
+                return Ok(None);
+            }
+        }
+        last = Some(record.status);
+    }
+}
+
+/// The `CallToolResult` of a settled call: its content (text, and image
+/// items from RAP `content`), `isError` for error results.
+pub fn result(call: &CallRecord, group_id: &str) -> Value {
+    let (content, is_error) = match &call.result {
+        Some(r) => {
+            let mut items: Vec<Value> = r
+                .content
+                .iter()
+                .flatten()
+                .map(|item| match item {
+                    ContentItem::Text { text } => json!({"type": "text", "text": text}),
+                    ContentItem::Image { data, media_type } => {
+                        json!({"type": "image", "data": data, "mimeType": media_type})
+                    }
+                })
+                .collect();
+            let has_text = items.iter().any(|i| i["type"] == "text");
+            if !has_text && (!r.text.is_empty() || items.is_empty()) {
+                items.insert(0, json!({"type": "text", "text": r.text}));
+            }
+            (items, r.is_error)
+        }
+        None => {
+            let text = match call.status {
+                CallStatus::Cancelled => "Error: the call was cancelled".to_owned(),
+                CallStatus::Rejected => "Error: the call was rejected".to_owned(),
+                _ => "Error: the call ended without a result".to_owned(),
+            };
+            (vec![json!({"type": "text", "text": text})], true)
+        }
+    };
+    json!({
+        "content": content,
+        "isError": is_error,
+        "_meta": {GROUP_ID_META: group_id, CALL_ID_META: call.id},
+    })
+}
