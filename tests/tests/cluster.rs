@@ -459,6 +459,9 @@ async fn bad_input_is_refused_on_every_node_and_changes_nothing() {
     let c = Cluster::start(1).await;
     let (a, b) = (c.a.api(), c.b.api());
     let url = path_of(&c.dispatched(&a, "g", "ok").await);
+    // The dispatch is recorded after the tool acked: wait for it, so that
+    // nothing else is still on its way into the log.
+    a.wait_for("g", "ok", "call_dispatched").await;
     let before = a.events("g", 0).await;
     let caps = Capabilities::new(ferry_tests::TEST_SECRET.as_bytes());
     for node in [&a, &b] {

@@ -38,7 +38,7 @@ struct Nats {
 }
 
 impl Nats {
-    async fn start(binary: &Path) -> anyhow::Result<Self> {
+    async fn start(binary: &Path, sync_interval: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("ferry-bench-nats-")
             .tempdir()?;
@@ -49,7 +49,7 @@ impl Nats {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+                "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: {:?}\n  sync_interval: {sync_interval}\n}}\n",
                 dir.path().join("js")
             ),
         )?;
@@ -105,11 +105,12 @@ impl Drop for Deployment {
 /// `workers` workers whose callbacks go to the first node.
 pub async fn deploy(
     binary: &Path,
+    sync_interval: &str,
     runtimes: usize,
     workers: usize,
     tool: &str,
 ) -> anyhow::Result<Deployment> {
-    let nats = Nats::start(binary).await?;
+    let nats = Nats::start(binary, sync_interval).await?;
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let cluster = |public_url: Option<String>| ClusterOptions {
         nats: nats.url.clone(),

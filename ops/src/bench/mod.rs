@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// PATH).
     #[arg(long)]
     pub nats_server: Option<std::path::PathBuf>,
+    /// JetStream's `sync_interval` for --cluster: `always` (every write on
+    /// disk before its ack: what one durable server needs) or a duration
+    /// such as `2m` (the default of NATS; durable only with R3).
+    #[arg(long, default_value = "always")]
+    pub nats_sync_interval: String,
 }
 
 /// Cluster configurations measured by `--cluster`: (runtime nodes, workers).
@@ -258,8 +263,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     if args.cluster {
         let binary = cluster::nats_binary(args.nats_server.as_deref())?;
         for (runtimes, workers) in CLUSTER_SHAPES {
-            let deployment =
-                cluster::deploy(&binary, runtimes, workers, &format!("http://{tool}")).await?;
+            let deployment = cluster::deploy(
+                &binary,
+                &args.nats_sync_interval,
+                runtimes,
+                workers,
+                &format!("http://{tool}"),
+            )
+            .await?;
             let ferry = Ferry {
                 bases: deployment.bases.clone(),
                 run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),

@@ -9,11 +9,13 @@
 //!   (`Nats-Expected-Last-Subject-Sequence`), so the log is one total order
 //!   however many processes write.
 //! - `ferry.call.<g>.<id>` — the latest record of each call, copied from the
-//!   commits after they land. A copy can lag its commit by at most the
-//!   thread's *last* commit: a writer copies the last commit's calls before
-//!   it appends the next one, and readers take the last commit's version of
-//!   a call over the copy. Copies are themselves compare-and-set, so a slow
-//!   copier cannot put an older version back.
+//!   commits. A copy may lag only for calls in the thread's *last* commit:
+//!   before appending commit N+1, a writer copies the calls of commit N
+//!   that N+1 does not carry itself; readers take the last commit's version
+//!   of a call over the copy. So a call touched by consecutive commits (a
+//!   call's usual life) is copied once, when the thread moves on. Copies
+//!   are compare-and-set, so a slow copier cannot put an older version
+//!   back.
 //!
 //! Toolsets live in the KV bucket `ferry_toolsets`.
 //!
@@ -33,7 +35,7 @@ use ferry_proto::api::Event;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{Error, Store, Watch, Write};
 use crate::cluster::subjects;
@@ -239,10 +241,16 @@ impl JetStreamStore {
         Ok(self.copy(group_id, id).await?.map(|(_, c)| c.call))
     }
 
-    /// Copies a commit's calls to their own subjects, unless a newer copy
-    /// is already there.
-    async fn copy_calls(&self, group_id: &str, commit: &Commit) -> Result<(), Error> {
-        for call in &commit.calls {
+    /// Copies a commit's calls to their own subjects, except those in
+    /// `carried` (the next commit holds them) and those with a copy at
+    /// least as new.
+    async fn copy_calls(
+        &self,
+        group_id: &str,
+        commit: &Commit,
+        carried: &HashMap<String, CallRecord>,
+    ) -> Result<(), Error> {
+        for call in commit.calls.iter().filter(|c| !carried.contains_key(&c.id)) {
             let existing = self.copy(group_id, &call.id).await?;
             let expected = match &existing {
                 Some((_, c)) if c.seq >= commit.meta.last_seq => continue,
@@ -351,7 +359,8 @@ impl Store for JetStreamStore {
         if let Some(last) = &last {
             // Keep the promise readers rely on: only the last commit's calls
             // may lack their copies.
-            self.copy_calls(group_id, &last.commit).await?;
+            self.copy_calls(group_id, &last.commit, &write.state.calls)
+                .await?;
         }
         let commit = Commit {
             meta: write.state.meta.clone(),
@@ -368,10 +377,6 @@ impl Store for JetStreamStore {
         self.publish(subjects::log(group_id), headers, body.into())
             .await?;
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
-        if let Err(e) = self.copy_calls(group_id, &commit).await {
-            // The next writer or reader makes up for it.
-            warn!(group_id, error = %e, "copying calls after a commit failed");
-        }
         advance(&self.tips, group_id, commit.meta.last_seq);
         Ok(())
     }
@@ -490,16 +495,33 @@ impl Store for JetStreamStore {
     }
 
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
-        let mut out = vec![];
+        let mut ids = std::collections::BTreeSet::new();
         for subject in self
             .subjects_under(format!("{}.*.*", subjects::CALL))
             .await?
         {
-            let (Some(group_id), Some(id)) =
+            if let (Some(group_id), Some(id)) =
                 (subjects::group_of(&subject), subjects::call_id_of(&subject))
-            else {
+            {
+                ids.insert((group_id, id));
+            }
+        }
+        // Calls only the last commit of their thread holds so far.
+        for subject in self.subjects_under(format!("{}.*", subjects::LOG)).await? {
+            let Some(group_id) = subjects::group_of(&subject) else {
                 continue;
             };
+            for call in self
+                .last(&group_id)
+                .await?
+                .iter()
+                .flat_map(|l| &l.commit.calls)
+            {
+                ids.insert((group_id.clone(), call.id.clone()));
+            }
+        }
+        let mut out = vec![];
+        for (group_id, id) in ids {
             if let Some(call) = self.call(&group_id, &id).await? {
                 if call.status.is_open() || call.undelivered_choice.is_some() {
                     out.push((group_id, id));
