@@ -185,7 +185,11 @@ impl Engine {
                 .await;
             drop(guard);
             match written {
-                Err(store::Error::Conflict(_)) => continue,
+                Err(store::Error::Conflict(_)) => {
+                    ::metrics::counter!(crate::metrics::WRITE_CONFLICTS).increment(1);
+                    tracing::debug!(group_id, "write lost a compare-and-set race; deciding again");
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
                 Ok(()) => {}
             }
