@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_runtime::bus::jetstream::JetStreamBus;
-use ferry_runtime::cluster::outcomes::InboxOutcomes;
 use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::jetstream::JetStreamStore;
@@ -251,22 +250,19 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
             }
         }
     });
-    let outcomes = InboxOutcomes::new(engine.clone(), async_nats::jetstream::new(client.clone()));
     let dispatcher = Worker::new(
         Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone()),
-        Arc::new(outcomes),
+        engine.clone(),
     );
     // Bind the consumers before saying so: work published from now on is
     // taken even if this worker is the first.
     let js = async_nats::jetstream::new(client.clone());
-    for partition in 0..ferry_runtime::cluster::subjects::PARTITIONS {
-        streams::inbox_consumer(&js, partition).await?;
-    }
-    streams::work_consumer(&js).await?;
+    streams::consumer(&js, streams::INBOX_STREAM).await?;
+    streams::consumer(&js, streams::WORK_STREAM).await?;
     info!("ferry worker consuming");
     println!("ferry worker ready");
     tokio::join!(
-        worker::apply_requests(engine, client.clone()),
+        worker::apply_requests(engine, client.clone(), options.concurrency),
         worker::dispatch_work(dispatcher, client, options.concurrency),
     );
     Ok(())

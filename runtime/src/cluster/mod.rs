@@ -4,7 +4,6 @@
 //! the runtime node's outbox and relay, and the worker's consumers.
 
 pub mod outbox;
-pub mod outcomes;
 pub mod relay;
 pub mod streams;
 pub mod subjects;

@@ -47,42 +47,21 @@ pub async fn ensure(js: &jetstream::Context, replicas: usize) -> Result<(), Erro
     Ok(())
 }
 
-/// The shared durable pull consumer of the work stream: any worker takes
-/// any dispatch, many at once.
-pub async fn work_consumer(js: &jetstream::Context) -> Result<consumer::PullConsumer, Error> {
-    durable(js, WORK_STREAM, CONSUMER.to_owned(), None, 10_000).await
-}
-
-/// The shared durable pull consumer of one inbox partition. It hands out
-/// one request at a time (`max_ack_pending` 1): the requests of a thread
-/// are applied one after another, by whichever worker takes them.
-pub async fn inbox_consumer(
-    js: &jetstream::Context,
-    partition: u32,
-) -> Result<consumer::PullConsumer, Error> {
-    let name = format!("{CONSUMER}-{partition}");
-    let filter = subjects::inbox_partition(partition);
-    durable(js, INBOX_STREAM, name, Some(filter), 1).await
-}
-
-async fn durable(
+/// The shared durable pull consumer of `stream`.
+pub async fn consumer(
     js: &jetstream::Context,
     stream: &str,
-    name: String,
-    filter: Option<String>,
-    max_ack_pending: i64,
 ) -> Result<consumer::PullConsumer, Error> {
     js.get_stream(stream)
         .await
         .map_err(nats)?
         .get_or_create_consumer(
-            &name,
+            CONSUMER,
             consumer::pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: filter.unwrap_or_default(),
+                durable_name: Some(CONSUMER.into()),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
-                max_ack_pending,
+                max_ack_pending: 10_000,
                 ..Default::default()
             },
         )

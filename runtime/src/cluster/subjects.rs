@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | `ferry.log.<g>` | `FERRY_THREADS` | the thread's log: one commit per command |
 //! | `ferry.call.<g>.<id>` | `FERRY_THREADS` | the latest record of each call |
-//! | `ferry.in.<p>.<g>` | `FERRY_INBOX` | requests for thread `g` (partition `p`), for workers to apply |
+//! | `ferry.in.<g>` | `FERRY_INBOX` | requests relayed by runtime nodes, for workers to apply |
 //! | `ferry.work.<g>` | `FERRY_WORK` | dispatch work for workers |
 //! | `ferry.reply.<node>.<n>` | (core NATS) | a worker's answer to the node awaiting it |
 
@@ -39,27 +39,8 @@ pub fn call(group_id: &str, id: &str) -> String {
     format!("{CALL}.{}.{}", token(group_id), token(id))
 }
 
-/// Partitions of the inbox. Each has one consumer that hands out one
-/// request at a time, cluster-wide, so two workers never apply requests of
-/// one thread at once (they would only race on the log's compare-and-set).
-pub const PARTITIONS: u32 = 32;
-
-/// The partition of a thread: stable across processes and versions (FNV-1a
-/// of the `group_id`'s bytes).
-pub fn partition(group_id: &str) -> u32 {
-    let hash = group_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (hash % u64::from(PARTITIONS)) as u32
-}
-
 pub fn inbox(group_id: &str) -> String {
-    format!("{INBOX}.{}.{}", partition(group_id), token(group_id))
-}
-
-/// The filter of one inbox partition's consumer.
-pub fn inbox_partition(partition: u32) -> String {
-    format!("{INBOX}.{partition}.*")
+    format!("{INBOX}.{}", token(group_id))
 }
 
 pub fn work(group_id: &str) -> String {
@@ -98,20 +79,6 @@ mod tests {
             assert_eq!(group_of(&c).as_deref(), Some(g));
             assert_eq!(call_id_of(&c).as_deref(), Some("x.>"));
         }
-    }
-
-    #[test]
-    fn a_thread_always_lands_in_one_partition() {
-        assert_eq!(partition("g"), partition("g"));
-        assert!(inbox("a.*.>").starts_with(&format!("ferry.in.{}.", partition("a.*.>"))));
-        let used: std::collections::BTreeSet<u32> = (0..1000)
-            .map(|i| partition(&format!("thread-{i}")))
-            .collect();
-        assert_eq!(
-            used.len() as u32,
-            PARTITIONS,
-            "threads spread over every partition"
-        );
     }
 
     #[test]

@@ -15,70 +15,55 @@ use tokio::sync::Semaphore;
 use tracing::{info_span, warn, Instrument};
 
 use super::relay::REPLY_HEADER;
-use super::streams::{self, ACK_WAIT};
-use super::subjects;
+use super::streams::{self, ACK_WAIT, INBOX_STREAM, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
-use async_nats::jetstream::consumer::PullConsumer;
 
-/// Applies relayed requests, forever (through NATS outages): one loop per
-/// inbox partition, each applying its partition's requests in order.
-pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client) {
-    let loops = (0..subjects::PARTITIONS).map(|partition| {
-        let (engine, client) = (engine.clone(), client.clone());
-        tokio::spawn(async move {
-            let js = jetstream::new(client.clone());
-            let consumer = bound("requests", || streams::inbox_consumer(&js, partition)).await;
-            consume(&consumer, "requests", |message| {
-                apply(&engine, &client, message)
-            })
-            .await
-        })
-    });
-    futures::future::join_all(loops).await;
-}
-
-/// A consumer, waiting out a NATS outage.
-async fn bound<F, Fut>(what: &str, bind: F) -> PullConsumer
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<PullConsumer, streams::Error>>,
-{
-    loop {
-        match bind().await {
-            Ok(consumer) => return consumer,
-            Err(e) => {
-                warn!(what, error = %e, "binding the consumer failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
-/// Pulls messages forever, handing each to `handle` in turn.
-async fn consume<F, Fut>(consumer: &PullConsumer, what: &str, handle: F)
-where
-    F: Fn(jetstream::Message) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+/// Applies relayed requests, forever (through NATS outages).
+pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
+    let consumer = bound(&client, INBOX_STREAM).await;
+    let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
         let mut messages = match consumer.messages().await {
             Ok(messages) => messages,
             Err(e) => {
-                warn!(what, error = %e, "pulling failed");
+                warn!(error = %e, "pulling requests failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
         while let Some(message) = messages.next().await {
-            match message {
-                Ok(message) => handle(message).await,
+            let message = match message {
+                Ok(message) => message,
                 Err(e) => {
-                    warn!(what, error = %e, "pulling failed");
+                    warn!(error = %e, "pulling requests failed");
                     break;
                 }
+            };
+            let permit = limit.clone().acquire_owned().await.expect("never closed");
+            let (engine, client) = (engine.clone(), client.clone());
+            tokio::spawn(async move {
+                apply(&engine, &client, message).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+/// The shared consumer of `stream`, waiting out a NATS outage.
+async fn bound(
+    client: &async_nats::Client,
+    stream: &str,
+) -> async_nats::jetstream::consumer::PullConsumer {
+    let js = jetstream::new(client.clone());
+    loop {
+        match streams::consumer(&js, stream).await {
+            Ok(consumer) => return consumer,
+            Err(e) => {
+                warn!(stream, error = %e, "binding the consumer failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }
@@ -133,23 +118,35 @@ fn is_transient(e: &engine::Error) -> bool {
     )
 }
 
-/// Carries out dispatch work, forever (through NATS outages), up to
-/// `concurrency` dispatches at once.
+/// Carries out dispatch work, forever (through NATS outages).
 pub async fn dispatch_work(worker: Worker, client: async_nats::Client, concurrency: usize) {
-    let js = jetstream::new(client);
-    let consumer = bound("work", || streams::work_consumer(&js)).await;
+    let consumer = bound(&client, WORK_STREAM).await;
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
-    consume(&consumer, "work", |message| {
-        let (worker, limit) = (worker.clone(), limit.clone());
-        async move {
-            let permit = limit.acquire_owned().await.expect("never closed");
+    loop {
+        let mut messages = match consumer.messages().await {
+            Ok(messages) => messages,
+            Err(e) => {
+                warn!(error = %e, "pulling work failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    warn!(error = %e, "pulling work failed");
+                    break;
+                }
+            };
+            let permit = limit.clone().acquire_owned().await.expect("never closed");
+            let worker = worker.clone();
             tokio::spawn(async move {
                 carry_out(&worker, message).await;
                 drop(permit);
             });
         }
-    })
-    .await
+    }
 }
 
 async fn carry_out(worker: &Worker, message: jetstream::Message) {

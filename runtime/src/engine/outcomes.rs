@@ -22,53 +22,35 @@ impl Outcomes for Engine {
     }
 
     async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool {
-        self.record_dispatch(group_id, id, attempts, None)
-            .await
-            .is_ok()
+        let command = Command::DispatchAcked {
+            id: id.into(),
+            attempts,
+        };
+        match self.execute(group_id, command).await {
+            Ok(_) | Err(Error::Rejected(_)) => true,
+            Err(e) => {
+                warn!(group_id, call_id = id, error = %e, "could not record dispatch");
+                false
+            }
+        }
     }
 
     async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) -> bool {
-        self.record_dispatch(group_id, id, attempts, Some(text))
-            .await
-            .is_ok()
-    }
-}
-
-impl Engine {
-    /// Records how a dispatch ended: acknowledged, or given up with the
-    /// `Error: …` text. A call that moved on meanwhile (answered, cancelled)
-    /// needs nothing recorded; only a store failure is an error.
-    pub(crate) async fn record_dispatch(
-        &self,
-        group_id: &str,
-        id: &str,
-        attempts: u32,
-        failure: Option<String>,
-    ) -> Result<(), Error> {
-        let failed = failure.is_some();
-        let command = match failure {
-            None => Command::DispatchAcked {
-                id: id.into(),
-                attempts,
-            },
-            Some(text) => Command::DispatchFailed {
-                id: id.into(),
-                attempts,
-                text,
-            },
+        let command = Command::DispatchFailed {
+            id: id.into(),
+            attempts,
+            text,
         };
         match self.execute(group_id, command).await {
             Ok(_) => {
-                if failed {
-                    ::metrics::counter!(crate::metrics::OUTCOMES, "status" => "failed")
-                        .increment(1);
-                }
-                Ok(())
+                ::metrics::counter!(crate::metrics::OUTCOMES, "status" => "failed").increment(1);
+                true
             }
-            Err(Error::Rejected(_)) => Ok(()),
+            // The call moved on (answered or cancelled meanwhile).
+            Err(Error::Rejected(_)) => true,
             Err(e) => {
-                warn!(group_id, call_id = id, error = %e, "could not record how a dispatch ended");
-                Err(e)
+                warn!(group_id, call_id = id, error = %e, "could not record dispatch failure");
+                false
             }
         }
     }

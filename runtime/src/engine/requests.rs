@@ -51,15 +51,6 @@ pub enum Request {
         group_id: String,
         tool: String,
     },
-    /// How a worker's dispatch ended (`failure`: the `Error: …` text). In
-    /// the cluster it goes through the thread's inbox partition like every
-    /// other change, so it never races a callback of the same thread.
-    DispatchOutcome {
-        group_id: String,
-        id: String,
-        attempts: u32,
-        failure: Option<String>,
-    },
 }
 
 /// What a request did.
@@ -81,8 +72,6 @@ pub enum Reply {
         last_seq: u64,
     },
     Revoked,
-    /// A dispatch outcome is recorded.
-    Recorded,
     /// Journaled on a runtime node whose bus is unreachable (or whose
     /// workers did not answer in time): durable, applied when relayed. A
     /// submission's `id` (given or generated) comes back with it.
@@ -110,8 +99,7 @@ impl Request {
             | Request::Close { group_id }
             | Request::Choose { group_id, .. }
             | Request::Decide { group_id, .. }
-            | Request::RevokeGrant { group_id, .. }
-            | Request::DispatchOutcome { group_id, .. } => Some(group_id),
+            | Request::RevokeGrant { group_id, .. } => Some(group_id),
         }
     }
 }
@@ -171,16 +159,6 @@ impl Engine {
                 self.revoke_grant(&group_id, &tool).await?;
                 Reply::Revoked
             }
-            Request::DispatchOutcome {
-                group_id,
-                id,
-                attempts,
-                failure,
-            } => {
-                self.record_dispatch(&group_id, &id, attempts, failure)
-                    .await?;
-                Reply::Recorded
-            }
         })
     }
 
@@ -201,8 +179,7 @@ impl Engine {
             Request::CancelCall { group_id, id }
             | Request::CancelSubscription { group_id, id }
             | Request::Choose { group_id, id, .. }
-            | Request::Decide { group_id, id, .. }
-            | Request::DispatchOutcome { group_id, id, .. } => {
+            | Request::Decide { group_id, id, .. } => {
                 self.check_id("group_id", group_id)?;
                 self.check_id("id", id)
             }
