@@ -77,9 +77,17 @@ async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Serves readers: follows every thread's commits.
+    Runtime,
+    Worker,
+}
+
 /// The engine both roles run, on the JetStream store and bus.
 async fn engine(
     options: &ClusterOptions,
+    role: Role,
     public_url: &str,
     client: &async_nats::Client,
     max_body_bytes: usize,
@@ -96,7 +104,8 @@ async fn engine(
         attempt += 1;
         let ready = async {
             streams::ensure(&js, options.replicas).await?;
-            anyhow::Ok(JetStreamStore::connect(client.clone(), options.replicas).await?)
+            let follow = role == Role::Runtime;
+            anyhow::Ok(JetStreamStore::connect(client.clone(), options.replicas, follow).await?)
         };
         match ready.await {
             Ok(store) => break store,
@@ -168,6 +177,7 @@ pub async fn start_runtime(
         .unwrap_or_else(|| format!("http://{addr}"));
     let engine = engine(
         &options.cluster,
+        Role::Runtime,
         &public_url,
         &client,
         options.max_body_bytes,
@@ -232,6 +242,7 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
         .context("a worker needs --public-url")?;
     let engine = engine(
         &options.cluster,
+        Role::Worker,
         &public_url,
         &client,
         Config::default().max_body_bytes,

@@ -187,7 +187,10 @@ impl Engine {
             match written {
                 Err(store::Error::Conflict(_)) => {
                     ::metrics::counter!(crate::metrics::WRITE_CONFLICTS).increment(1);
-                    tracing::debug!(group_id, "write lost a compare-and-set race; deciding again");
+                    tracing::debug!(
+                        group_id,
+                        "write lost a compare-and-set race; deciding again"
+                    );
                     continue;
                 }
                 Err(e) => return Err(e.into()),

@@ -90,9 +90,16 @@ fn corrupt(e: impl std::fmt::Display) -> Error {
 }
 
 impl JetStreamStore {
-    /// Creates (or binds to) the stream and bucket, and starts following
-    /// other processes' commits so local watchers wake for them.
-    pub async fn connect(client: async_nats::Client, replicas: usize) -> Result<Arc<Self>, Error> {
+    /// Creates (or binds to) the stream and bucket. With `follow`, it also
+    /// follows every process's commits so that local watchers (long-polls,
+    /// streams) wake for them: what a runtime node needs and a worker, which
+    /// serves no reader, must not pay for (every commit would reach every
+    /// worker).
+    pub async fn connect(
+        client: async_nats::Client,
+        replicas: usize,
+        follow: bool,
+    ) -> Result<Arc<Self>, Error> {
         let js = jetstream::new(client.clone());
         let stream = js
             .get_or_create_stream(stream::Config {
@@ -132,7 +139,9 @@ impl JetStreamStore {
             positions: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
         });
-        store.follow_commits(client).await?;
+        if follow {
+            store.follow_commits(client).await?;
+        }
         store.follow_toolsets().await?;
         Ok(store)
     }
