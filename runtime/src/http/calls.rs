@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 
 /// 202 when the call is new and durable; 200 when the same call was already
 /// submitted (nothing new is dispatched).
+///
 /// A cluster node that could only journal the call answers 202 with
 /// status `queued` and `seq` 0: the call is durable, not yet in the log.
 pub async fn submit(
