@@ -246,13 +246,8 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: Serve) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.max_body_bytes >= 1024,
-        "--max-body-bytes must be at least 1024"
-    );
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    check_body_limit(args.max_body_bytes)?;
+    let render = install_metrics()?;
     let options = ServeOptions {
         listen: args.listen,
         data: args.data,
@@ -279,7 +274,6 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         },
         ..ServeOptions::default()
     };
-    let render = std::sync::Arc::new(move || prometheus.render());
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // One line on stdout for scripts and tests: where Ferry listens.
     println!("ferry listening on http://{}", running.addr);
@@ -291,13 +285,8 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
 }
 
 async fn runtime(args: Runtime) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.max_body_bytes >= 1024,
-        "--max-body-bytes must be at least 1024"
-    );
-    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("installing the metrics recorder")?;
+    check_body_limit(args.max_body_bytes)?;
+    let render = install_metrics()?;
     let options = RuntimeOptions {
         cluster: args.cluster.options(),
         listen: args.listen,
@@ -306,12 +295,28 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         reply_wait: Duration::from_millis(args.reply_wait_ms),
     };
-    let render = std::sync::Arc::new(move || prometheus.render());
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.
     println!("ferry listening on http://{}", running.addr);
     server.await??;
     Ok(())
+}
+
+/// The body limit both HTTP roles take: at least 1 KiB.
+fn check_body_limit(max_body_bytes: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        max_body_bytes >= 1024,
+        "--max-body-bytes must be at least 1024"
+    );
+    Ok(())
+}
+
+/// Installs the Prometheus recorder; `/metrics` renders it.
+fn install_metrics() -> anyhow::Result<ferry_runtime::http::MetricsRender> {
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    Ok(std::sync::Arc::new(move || prometheus.render()))
 }
 
 /// SIGTERM or SIGINT.

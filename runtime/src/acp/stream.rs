@@ -4,25 +4,18 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use ferry_proto::api::Event;
 use ferry_proto::rap::Annotations;
-use futures::stream::{self, Stream, StreamExt};
+use futures::stream::{Stream, StreamExt};
 
 use super::messages::message;
 use crate::engine::Engine;
+use crate::http::threads::{follow, resume_point};
 use crate::http::{ApiError, AppState};
-
-/// Events read per page.
-const PAGE: usize = 1000;
-
-fn invalid(message: &str) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
-}
 
 pub async fn stream(
     State(app): State<AppState>,
@@ -30,45 +23,10 @@ pub async fn stream(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let seq = |v: &str| v.trim().parse::<u64>().ok();
-    let after = match headers.get("last-event-id") {
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(seq)
-            .ok_or_else(|| invalid("Last-Event-ID must be a sequence number"))?,
-        None => match query.get("after") {
-            Some(v) => seq(v).ok_or_else(|| invalid("after must be a sequence number"))?,
-            None => 0,
-        },
-    };
+    let after = resume_point(&headers, &query)?;
     let engine = app.engine.clone();
-    let tip = engine.watch(&group_id)?;
-    let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
-        let engine = engine.clone();
-        let group_id = group_id.clone();
-        async move {
-            loop {
-                match engine.events(&group_id, cursor, PAGE, Duration::ZERO).await {
-                    Ok(events) if !events.is_empty() => {
-                        let next = events.last().map_or(cursor, |e| e.seq);
-                        return Some((events, (next, tip)));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(group_id = %group_id, error = %e, "ACP stream read failed");
-                        return None;
-                    }
-                }
-                tip.wait_for(|seq| *seq > cursor).await.ok()?;
-            }
-        }
-    });
-    let engine = app.engine.clone();
-    let messages = pages.flat_map(move |page| {
-        let engine = engine.clone();
-        stream::iter(page.into_iter().filter_map(move |e| to_sse(&engine, &e)))
-    });
+    let messages = follow(app.engine.clone(), group_id, after)?
+        .filter_map(move |e| std::future::ready(to_sse(&engine, &e)));
     Ok(Sse::new(messages).keep_alive(KeepAlive::default()))
 }
 

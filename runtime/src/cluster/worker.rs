@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
 use ferry_worker::Worker;
@@ -24,12 +25,36 @@ use crate::{bus, store};
 /// Applies relayed requests, forever (through NATS outages).
 pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
     let consumer = bound(&client, INBOX_STREAM).await;
+    let apply_one = move |message| {
+        let (engine, client) = (engine.clone(), client.clone());
+        async move { apply(&engine, &client, message).await }
+    };
+    consume(&consumer, "requests", concurrency, apply_one).await
+}
+
+/// Carries out dispatch work, forever (through NATS outages).
+pub async fn dispatch_work(worker: Worker, client: async_nats::Client, concurrency: usize) {
+    let consumer = bound(&client, WORK_STREAM).await;
+    let carry_out_one = move |message| {
+        let worker = worker.clone();
+        async move { carry_out(&worker, message).await }
+    };
+    consume(&consumer, "work", concurrency, carry_out_one).await
+}
+
+/// Pulls messages forever (pulling again after an outage), each handled on
+/// its own task, at most `concurrency` at once.
+async fn consume<F, Fut>(consumer: &PullConsumer, what: &str, concurrency: usize, handle: F)
+where
+    F: Fn(jetstream::Message) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
         let mut messages = match consumer.messages().await {
             Ok(messages) => messages,
             Err(e) => {
-                warn!(error = %e, "pulling requests failed");
+                warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -38,14 +63,14 @@ pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, con
             let message = match message {
                 Ok(message) => message,
                 Err(e) => {
-                    warn!(error = %e, "pulling requests failed");
+                    warn!(what, error = %e, "pulling failed");
                     break;
                 }
             };
             let permit = limit.clone().acquire_owned().await.expect("never closed");
-            let (engine, client) = (engine.clone(), client.clone());
+            let handled = handle(message);
             tokio::spawn(async move {
-                apply(&engine, &client, message).await;
+                handled.await;
                 drop(permit);
             });
         }
@@ -53,10 +78,7 @@ pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, con
 }
 
 /// The shared consumer of `stream`, waiting out a NATS outage.
-async fn bound(
-    client: &async_nats::Client,
-    stream: &str,
-) -> async_nats::jetstream::consumer::PullConsumer {
+async fn bound(client: &async_nats::Client, stream: &str) -> PullConsumer {
     let js = jetstream::new(client.clone());
     loop {
         match streams::consumer(&js, stream).await {
@@ -116,37 +138,6 @@ fn is_transient(e: &engine::Error) -> bool {
         engine::Error::Store(store::Error::Unavailable(_) | store::Error::Conflict(_))
             | engine::Error::Bus(bus::Error::Unavailable(_))
     )
-}
-
-/// Carries out dispatch work, forever (through NATS outages).
-pub async fn dispatch_work(worker: Worker, client: async_nats::Client, concurrency: usize) {
-    let consumer = bound(&client, WORK_STREAM).await;
-    let limit = Arc::new(Semaphore::new(concurrency.max(1)));
-    loop {
-        let mut messages = match consumer.messages().await {
-            Ok(messages) => messages,
-            Err(e) => {
-                warn!(error = %e, "pulling work failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    warn!(error = %e, "pulling work failed");
-                    break;
-                }
-            };
-            let permit = limit.clone().acquire_owned().await.expect("never closed");
-            let worker = worker.clone();
-            tokio::spawn(async move {
-                carry_out(&worker, message).await;
-                drop(permit);
-            });
-        }
-    }
 }
 
 async fn carry_out(worker: &Worker, message: jetstream::Message) {

@@ -8,7 +8,7 @@ pub(crate) mod calls;
 mod error;
 mod ops;
 mod path;
-mod threads;
+pub(crate) mod threads;
 mod toolsets;
 mod ui;
 mod views;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::path::Path;
@@ -17,6 +18,7 @@ use serde_json::{json, Value};
 use super::views::{CallView, ThreadView};
 use super::{journaled, unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
+use crate::engine::Engine;
 
 /// Events per page when `limit` is not given, and the most one page holds.
 const DEFAULT_LIMIT: usize = 100;
@@ -116,20 +118,34 @@ pub async fn stream(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let from_header = headers
-        .get("last-event-id")
-        .map(|v| {
-            v.to_str()
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or_else(|| invalid("Last-Event-ID must be a sequence number".into()))
-        })
-        .transpose()?;
-    let after = match from_header {
-        Some(seq) => seq,
-        None => number::<u64>(&query, "after")?.unwrap_or(0),
-    };
-    let engine = app.engine.clone();
+    let after = resume_point(&headers, &query)?;
+    let events = follow(app.engine.clone(), group_id, after)?.map(to_sse);
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+/// Where a stream resumes: after `Last-Event-ID`, else `?after=`, else 0.
+pub(crate) fn resume_point(
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| invalid("Last-Event-ID must be a sequence number".into())),
+        None => Ok(number::<u64>(query, "after")?.unwrap_or(0)),
+    }
+}
+
+/// The thread's durable events after `after`, then each new one as it
+/// becomes durable, read a page at a time; ends when a read fails. Both SSE
+/// views of a thread (native events, ACP messages) follow it.
+pub(crate) fn follow(
+    engine: Arc<Engine>,
+    group_id: String,
+    after: u64,
+) -> Result<impl Stream<Item = Event>, ApiError> {
     let tip = engine.watch(&group_id)?;
     let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
         let engine = engine.clone();
@@ -146,7 +162,7 @@ pub async fn stream(
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "stream read failed");
+                        tracing::warn!(group_id = %group_id, error = %e, "stream read failed");
                         return None;
                     }
                 }
@@ -154,8 +170,7 @@ pub async fn stream(
             }
         }
     });
-    let events = pages.flat_map(|page| stream::iter(page.into_iter().map(to_sse)));
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+    Ok(pages.flat_map(stream::iter))
 }
 
 fn to_sse(event: Event) -> Result<SseEvent, Infallible> {
