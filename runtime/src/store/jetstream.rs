@@ -78,6 +78,10 @@ pub struct JetStreamStore {
     /// Per thread, commits already seen: event sequence → stream sequence
     /// of the commit ending there. Lets readers start mid-log.
     positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
+    /// The last commit `load` read, per thread, for the `write` that follows
+    /// it under the engine's thread lock: the write needs that commit (its
+    /// stream sequence, its calls) and need not fetch it again.
+    loaded: Mutex<HashMap<String, Arc<Last>>>,
     toolsets_changed: watch::Sender<u64>,
 }
 
@@ -137,6 +141,7 @@ impl JetStreamStore {
             toolsets,
             tips: Arc::default(),
             positions: Mutex::default(),
+            loaded: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
         });
         if follow {
@@ -343,22 +348,37 @@ fn advance(tips: &Mutex<HashMap<String, watch::Sender<u64>>>, group_id: &str, se
 #[async_trait]
 impl Store for JetStreamStore {
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
-        let last = self.last(group_id).await?;
+        let last = self.last(group_id).await?.map(Arc::new);
         let mut state = ThreadState::new(group_id);
         if let Some(last) = &last {
             state.meta = last.commit.meta.clone();
         }
         for id in call_ids {
-            if let Some(call) = self.current_call(group_id, id, last.as_ref()).await? {
+            if let Some(call) = self.current_call(group_id, id, last.as_deref()).await? {
                 state.calls.insert((*id).to_owned(), call);
             }
         }
+        let mut loaded = self.loaded.lock().expect("loaded lock");
+        if loaded.len() > 10_000 {
+            loaded.clear();
+        }
+        match last {
+            Some(last) => loaded.insert(group_id.to_owned(), last),
+            None => loaded.remove(group_id),
+        };
         Ok(state)
     }
 
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
         let group_id = write.state.meta.group_id.as_str();
-        let last = self.last(group_id).await?;
+        let cached = self.loaded.lock().expect("loaded lock").remove(group_id);
+        // The commit the state was decided against, unless this process did
+        // not load it (then fetch it); the compare-and-set below catches any
+        // commit appended since.
+        let last = match cached {
+            Some(last) if last.commit.meta.last_seq == write.expected_last_seq => Some(last),
+            _ => self.last(group_id).await?.map(Arc::new),
+        };
         let (expected_stream_seq, last_seq) = last
             .as_ref()
             .map_or((0, 0), |l| (l.stream_seq, l.commit.meta.last_seq));
@@ -504,7 +524,10 @@ impl Store for JetStreamStore {
     }
 
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
-        let mut ids = std::collections::BTreeSet::new();
+        // Every call by thread: those with copies, then those only the
+        // last commit of their thread holds so far.
+        let mut threads: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
         for subject in self
             .subjects_under(format!("{}.*.*", subjects::CALL))
             .await?
@@ -512,28 +535,28 @@ impl Store for JetStreamStore {
             if let (Some(group_id), Some(id)) =
                 (subjects::group_of(&subject), subjects::call_id_of(&subject))
             {
-                ids.insert((group_id, id));
+                threads.entry(group_id).or_default().insert(id);
             }
         }
-        // Calls only the last commit of their thread holds so far.
         for subject in self.subjects_under(format!("{}.*", subjects::LOG)).await? {
-            let Some(group_id) = subjects::group_of(&subject) else {
-                continue;
-            };
-            for call in self
-                .last(&group_id)
-                .await?
-                .iter()
-                .flat_map(|l| &l.commit.calls)
-            {
-                ids.insert((group_id.clone(), call.id.clone()));
+            if let Some(group_id) = subjects::group_of(&subject) {
+                threads.entry(group_id).or_default();
             }
         }
         let mut out = vec![];
-        for (group_id, id) in ids {
-            if let Some(call) = self.call(&group_id, &id).await? {
-                if call.status.is_open() || call.undelivered_choice.is_some() {
-                    out.push((group_id, id));
+        for (group_id, mut ids) in threads {
+            // One read of the thread's last commit serves all its calls.
+            let last = self.last(&group_id).await?;
+            ids.extend(
+                last.iter()
+                    .flat_map(|l| &l.commit.calls)
+                    .map(|c| c.id.clone()),
+            );
+            for id in ids {
+                if let Some(call) = self.current_call(&group_id, &id, last.as_ref()).await? {
+                    if call.status.is_open() || call.undelivered_choice.is_some() {
+                        out.push((group_id.clone(), id));
+                    }
                 }
             }
         }
