@@ -34,6 +34,13 @@ use crate::toolsets::{ArgumentErrors, Registry};
 pub use approvals::TIMEOUT_REVIEWER;
 pub use toolsets::RegisteredToolset;
 
+/// Whether [`Engine::execute_with`] waits for the flush before returning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Await,
+    Background,
+}
+
 /// Limits and addresses of the runtime.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -155,6 +162,25 @@ impl Engine {
     /// Runs `command` against thread `group_id` and returns once its events
     /// are durable and visible to readers.
     pub async fn execute(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
+        self.execute_with(group_id, command, Durability::Await).await
+    }
+
+    /// Like [`Engine::execute`], but for a command nobody is answered on:
+    /// returns once the events are written, and shows them to readers once
+    /// a later flush made them durable. A crash before that flush loses
+    /// them, which must be harmless (a lost `call_dispatched` means the
+    /// call is dispatched again: invariant 4 allows it).
+    pub async fn record(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
+        self.execute_with(group_id, command, Durability::Background)
+            .await
+    }
+
+    async fn execute_with(
+        &self,
+        group_id: &str,
+        command: Command,
+        durability: Durability,
+    ) -> Result<Executed, Error> {
         let at = now();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
@@ -195,6 +221,19 @@ impl Engine {
                 }
                 Err(e) => return Err(e.into()),
                 Ok(()) => {}
+            }
+            if durability == Durability::Background {
+                let (store, group_id) = (self.store.clone(), group_id.to_owned());
+                let (durable, expected) = (state.meta.last_seq, expected_last_seq);
+                tokio::spawn(async move {
+                    let flushed = store.flush().await.is_ok();
+                    store.publish(&group_id, if flushed { durable } else { expected });
+                });
+                return Ok(Executed {
+                    decision,
+                    events,
+                    state,
+                });
             }
             let flushed = self.store.flush().await;
             // Readers see the events only once they are durable; a failed

@@ -26,7 +26,7 @@ impl Outcomes for Engine {
             id: id.into(),
             attempts,
         };
-        match self.execute(group_id, command).await {
+        match self.record(group_id, command).await {
             Ok(_) | Err(Error::Rejected(_)) => true,
             Err(e) => {
                 warn!(group_id, call_id = id, error = %e, "could not record dispatch");

@@ -8,12 +8,8 @@
 //!   compare-and-set on the subject's last sequence
 //!   (`Nats-Expected-Last-Subject-Sequence`), so the log is one total order
 //!   however many processes write.
-//! - `ferry.call.<g>.<id>` — the latest record of each call, copied from the
-//!   commits. A copy may lag only for calls in the thread's *last* commit:
-//!   before appending commit N+1, a writer copies the calls of commit N
-//!   that N+1 does not carry itself; readers take the last commit's version
-//!   of a call over the copy. So a call touched by consecutive commits (a
-//!   call's usual life) is copied once, when the thread moves on. Copies
+//! - `ferry.call.<g>.<id>` — each call's copy, written when its thread moves
+//!   on (the rule is in `store::log`, shared with the sled adapter). Copies
 //!   are compare-and-set, so a slow copier cannot put an older version
 //!   back.
 //!
@@ -37,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::log::{needs_recovery, Commit};
 use super::{Error, Store, Watch, Write};
 use crate::cluster::subjects;
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
@@ -48,14 +45,6 @@ pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 /// The header carrying a commit's last event sequence number, so watchers
 /// learn a thread's tip without decoding the commit.
 const LAST_SEQ_HEADER: &str = "Ferry-Last-Seq";
-
-/// One command's changes to a thread.
-#[derive(Debug, Serialize, Deserialize)]
-struct Commit {
-    meta: ThreadMeta,
-    calls: Vec<CallRecord>,
-    events: Vec<Event>,
-}
 
 /// A call's record as of the thread's event `seq`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -249,7 +238,7 @@ impl JetStreamStore {
         id: &str,
         last: Option<&Last>,
     ) -> Result<Option<CallRecord>, Error> {
-        if let Some(call) = last.and_then(|l| l.commit.calls.iter().find(|c| c.id == id)) {
+        if let Some(call) = last.and_then(|l| l.commit.call(id)) {
             return Ok(Some(call.clone()));
         }
         Ok(self.copy(group_id, id).await?.map(|(_, c)| c.call))
@@ -264,7 +253,7 @@ impl JetStreamStore {
         commit: &Commit,
         carried: &HashMap<String, CallRecord>,
     ) -> Result<(), Error> {
-        for call in commit.calls.iter().filter(|c| !carried.contains_key(&c.id)) {
+        for call in commit.moved_on(carried) {
             let existing = self.copy(group_id, &call.id).await?;
             let expected = match &existing {
                 Some((_, c)) if c.seq >= commit.meta.last_seq => continue,
@@ -391,11 +380,7 @@ impl Store for JetStreamStore {
             self.copy_calls(group_id, &last.commit, &write.state.calls)
                 .await?;
         }
-        let commit = Commit {
-            meta: write.state.meta.clone(),
-            calls: write.state.calls.values().cloned().collect(),
-            events: write.events.to_vec(),
-        };
+        let commit = Commit::of(&write);
         let body = serde_json::to_vec(&commit).expect("commits serialize");
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -554,7 +539,7 @@ impl Store for JetStreamStore {
             );
             for id in ids {
                 if let Some(call) = self.current_call(&group_id, &id, last.as_ref()).await? {
-                    if call.status.is_open() || call.undelivered_choice.is_some() {
+                    if needs_recovery(&call) {
                         out.push((group_id.clone(), id));
                     }
                 }

@@ -8,6 +8,7 @@
 pub(crate) mod commit;
 pub mod jetstream;
 mod keys;
+pub(crate) mod log;
 pub mod sled;
 
 use async_trait::async_trait;

@@ -1,80 +1,72 @@
-//! The embedded storage adapter: sled trees, written atomically per command
-//! and made durable by group commit.
+//! The embedded storage adapter: each thread's log in sled, one key per
+//! command, made durable by group commit.
 //!
-//! Trees: `threads` (thread key → [`ThreadMeta`], MessagePack), `calls`
-//! (call key → [`CallRecord`], MessagePack), `events` (event key → JSON
-//! event, served as is), `open` (call key → `()`, the calls recovery walks),
-//! `toolsets` (`name\0version` → JSON), and `journal`.
+//! Trees (JSON values):
+//! - `log` — thread key ++ last sequence number (big-endian) → the
+//!   command's [`Commit`]. A thread's commits sort in order, so its last
+//!   commit is its current metadata and a range scan reads its events.
+//! - `calls` — call key → the call's record, copied when its thread moves
+//!   on (the rule is in `store::log`).
+//! - `open` — call key → `()`: the calls recovery must look at, a superset
+//!   of those that need it.
+//! - `toolsets` — `name\0version` → the stored toolset.
 //!
-//! Why a journal rather than a sled transaction: a multi-tree transaction
-//! pins sled's log and seals its IO buffer on commit, so every command paid
-//! its own write-out and group commit had nothing left to merge (measured:
-//! about 6 synced writes per call). Instead each command's writes are first
-//! recorded as **one** journal value (a single-key insert is atomic), then
-//! applied to the trees with plain inserts, then the journal entry is
-//! removed; none of these seal the log, so one `flush` covers many commands.
-//! sled recovers a prefix of its log after a crash, so an entry still in the
-//! journal on open was written before any of its (possibly partial)
-//! applications: replaying it, idempotently, completes the command.
+//! Why one key per command: a single-key insert is atomic, so a command
+//! needs no transaction and no journal (a sled transaction pins the log and
+//! seals its I/O buffer, so each command paid its own write-out and group
+//! commit had nothing left to merge). What a commit rests on is written
+//! before it: the copies of the calls it moves on from and the recovery
+//! markers of calls it opens. sled recovers a prefix of its log after a
+//! crash, so a commit that survives has them too. Markers of calls a commit
+//! closes are removed after it; one left behind by a crash only costs
+//! recovery a look.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
+use lru::LruCache;
 use serde::{de::DeserializeOwned, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use serde::Deserialize;
+use std::collections::HashMap;
 use tokio::sync::watch;
 
 use super::commit::GroupCommit;
+use super::log::{needs_recovery, Commit, CommitEvents};
 use super::{keys, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 
+/// Threads whose last commit is kept decoded in memory.
+const CACHED_THREADS: usize = 4096;
+
+/// Trees of the layout before this one (a journal beside per-record
+/// trees); a data directory holding them is refused, not misread.
+const OLD_LAYOUT_TREES: [&str; 3] = ["journal", "threads", "events"];
+
 pub struct SledStore {
-    db: Arc<sled::Db>,
-    threads: sled::Tree,
+    /// Owns the database; the group-commit task holds it only weakly.
+    _db: Arc<sled::Db>,
+    log: sled::Tree,
     calls: sled::Tree,
-    events: sled::Tree,
     open: sled::Tree,
     toolsets: sled::Tree,
-    journal: sled::Tree,
-    /// Keys of journal entries; the journal is empty after open, so counting
-    /// from zero in each process is enough.
-    next_entry: AtomicU64,
     commit: GroupCommit,
     /// Per thread with a write in flight or a reader waiting: the last
     /// durable sequence number. Readers never see past it, so an event that
     /// a crash could still take back is never shown to an agent.
     tips: Arc<Mutex<HashMap<String, Tip>>>,
-    /// Set when a write failed after its journal entry, or a flush failed:
-    /// the trees may disagree with the journal, and replaying that entry
-    /// later could revert newer writes. Every later write is refused until
-    /// a restart replays the journal.
-    poisoned: std::sync::atomic::AtomicBool,
-}
-
-/// The trees a journal entry writes to.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-enum TreeId {
-    Threads,
-    Calls,
-    Events,
-    Open,
-}
-
-/// One write of a command, as recorded in the journal.
-#[derive(Debug, Serialize, Deserialize)]
-enum Op {
-    Put(
-        TreeId,
-        #[serde(with = "serde_bytes")] Vec<u8>,
-        #[serde(with = "serde_bytes")] Vec<u8>,
-    ),
-    Delete(TreeId, #[serde(with = "serde_bytes")] Vec<u8>),
+    /// The last commit of recently written or read threads, without its
+    /// events: what every command loads and every write checks against.
+    /// Only this process writes the store, so it never goes stale.
+    last: Mutex<LruCache<String, Arc<Commit>>>,
+    /// Set when a flush failed: sled's memory may hold writes its disk does
+    /// not, and commands built on them could be lost in a crash after being
+    /// answered. Every later write is refused until a restart.
+    poisoned: AtomicBool,
 }
 
 struct Tip {
@@ -87,12 +79,12 @@ fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
 
-fn pack<T: Serialize>(value: &T) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("state records always serialize")
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("store records always serialize")
 }
 
-fn unpack<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    rmp_serde::from_slice(bytes).map_err(|e| Error::Corrupt(e.to_string()))
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(e.to_string()))
 }
 
 impl SledStore {
@@ -104,131 +96,119 @@ impl SledStore {
             .mode(sled::Mode::HighThroughput)
             .open()
             .map_err(backend)?;
+        let names = db.tree_names();
+        if let Some(old) = OLD_LAYOUT_TREES
+            .iter()
+            .find(|t| names.iter().any(|n| n.as_ref() == t.as_bytes()))
+        {
+            return Err(Error::Backend(format!(
+                "{} was written by an older Ferry (it has a {old:?} tree); this version keeps \
+                 one commit per command and cannot read it: start with an empty --data directory",
+                dir.display()
+            )));
+        }
         let db = Arc::new(db);
         let tree = |name: &str| db.open_tree(name).map_err(backend);
-        let store = Self {
-            threads: tree("threads")?,
+        Ok(Self {
+            log: tree("log")?,
             calls: tree("calls")?,
-            events: tree("events")?,
             open: tree("open")?,
             toolsets: tree("toolsets")?,
-            journal: tree("journal")?,
-            next_entry: AtomicU64::new(0),
             commit: GroupCommit::start(Arc::downgrade(&db)),
-            db,
+            _db: db,
             tips: Arc::default(),
-            poisoned: std::sync::atomic::AtomicBool::new(false),
+            last: Mutex::new(LruCache::new(
+                NonZeroUsize::new(CACHED_THREADS).expect("not zero"),
+            )),
+            poisoned: AtomicBool::new(false),
+        })
+    }
+
+    /// The thread's last commit (its events left out).
+    fn last_commit(&self, group_id: &str) -> Result<Option<Arc<Commit>>, Error> {
+        if let Some(last) = self.last.lock().expect("cache lock").get(group_id) {
+            return Ok(Some(last.clone()));
+        }
+        let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
+            return Ok(None);
         };
-        store.replay_journal()?;
-        Ok(store)
+        let (_, value) = entry.map_err(backend)?;
+        let last = Arc::new(without_events(decode(&value)?));
+        self.remember(group_id, last.clone());
+        Ok(Some(last))
     }
 
-    /// Completes commands a crash interrupted between their journal entry
-    /// and its removal, then empties the journal.
-    fn replay_journal(&self) -> Result<(), Error> {
-        let mut replayed = 0;
-        for entry in self.journal.iter() {
-            let (key, value) = entry.map_err(backend)?;
-            let ops: Vec<Op> = unpack(&value)?;
-            self.apply(&ops)?;
-            self.journal.remove(key).map_err(backend)?;
-            replayed += 1;
-        }
-        if replayed > 0 {
-            self.db.flush().map_err(backend)?;
-            tracing::info!(
-                replayed,
-                "storage: completed interrupted writes from the journal"
-            );
-        }
-        Ok(())
+    fn remember(&self, group_id: &str, last: Arc<Commit>) {
+        self.last
+            .lock()
+            .expect("cache lock")
+            .put(group_id.to_owned(), last);
     }
 
-    fn tree(&self, id: TreeId) -> &sled::Tree {
-        match id {
-            TreeId::Threads => &self.threads,
-            TreeId::Calls => &self.calls,
-            TreeId::Events => &self.events,
-            TreeId::Open => &self.open,
-        }
-    }
-
-    fn apply(&self, ops: &[Op]) -> Result<(), Error> {
-        for op in ops {
-            match op {
-                Op::Put(tree, key, value) => {
-                    self.tree(*tree)
-                        .insert(key.as_slice(), value.as_slice())
-                        .map_err(backend)?;
-                }
-                Op::Delete(tree, key) => {
-                    self.tree(*tree).remove(key.as_slice()).map_err(backend)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn meta(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
-        match self.threads.get(keys::thread(group_id)).map_err(backend)? {
-            Some(bytes) => unpack(&bytes).map(Some),
+    /// A call's copy (its record as of the thread's last commit but one, or
+    /// older).
+    fn copy(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
+        match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
+            Some(bytes) => decode(&bytes).map(Some),
             None => Ok(None),
         }
+    }
+
+    fn current_call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
+        let last = self.last_commit(group_id)?;
+        match last.as_ref().and_then(|l| l.call(id)) {
+            Some(call) => Ok(Some(call.clone())),
+            None => self.copy(group_id, id),
+        }
+    }
+}
+
+fn without_events(commit: Commit) -> Commit {
+    Commit {
+        events: vec![],
+        ..commit
     }
 }
 
 #[async_trait]
 impl Store for SledStore {
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
-        let mut state = ThreadState::new(group_id);
-        if let Some(meta) = self.meta(group_id)? {
-            state.meta = meta;
-        }
-        for id in call_ids {
-            if let Some(bytes) = self.calls.get(keys::call(group_id, id)).map_err(backend)? {
-                state.calls.insert((*id).to_owned(), unpack(&bytes)?);
-            }
-        }
-        Ok(state)
+        let last = self.last_commit(group_id)?;
+        Commit::state(last.as_deref(), group_id, call_ids, |id| {
+            self.copy(group_id, id)
+        })
     }
 
     /// Callers serialise writes per thread (the engine's lock), and only
-    /// this process can open the sled directory, so reading `last_seq` and
-    /// then writing is a sound compare-and-set.
+    /// this process can open the sled directory, so checking the last
+    /// commit and then appending is a sound compare-and-set.
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
         let group_id = write.state.meta.group_id.as_str();
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Backend(
-                "an earlier write failed; restart Ferry to recover the store".into(),
+                "an earlier flush failed; restart Ferry to recover the store".into(),
             ));
         }
-        let stored = self.meta(group_id)?.map_or(0, |m| m.last_seq);
-        if stored != write.expected_last_seq {
+        let last = self.last_commit(group_id)?;
+        if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
             return Err(Error::Conflict(group_id.to_owned()));
         }
-        let mut ops = Vec::with_capacity(2 + 2 * write.state.calls.len() + write.events.len());
-        for event in write.events {
-            let value = serde_json::to_vec(event).expect("events serialize");
-            ops.push(Op::Put(
-                TreeId::Events,
-                keys::event(group_id, event.seq),
-                value,
-            ));
+        let was = |id: &str| last.as_ref().and_then(|l| l.call(id)).map(needs_recovery);
+        if let Some(last) = &last {
+            for call in last.moved_on(&write.state.calls) {
+                self.calls
+                    .insert(keys::call(group_id, &call.id), encode(call))
+                    .map_err(backend)?;
+            }
         }
         for call in write.state.calls.values() {
-            let key = keys::call(group_id, &call.id);
-            ops.push(if call.status.is_open() {
-                Op::Put(TreeId::Open, key.clone(), vec![])
-            } else {
-                Op::Delete(TreeId::Open, key.clone())
-            });
-            ops.push(Op::Put(TreeId::Calls, key, pack(call)));
+            if needs_recovery(call) && was(&call.id) != Some(true) {
+                self.open
+                    .insert(keys::call(group_id, &call.id), &[])
+                    .map_err(backend)?;
+            }
         }
-        ops.push(Op::Put(
-            TreeId::Threads,
-            keys::thread(group_id),
-            pack(&write.state.meta),
-        ));
+        let commit = Commit::of(&write);
         {
             let mut tips = self.tips.lock().expect("tips lock");
             let tip = tips.entry(group_id.to_owned()).or_insert_with(|| Tip {
@@ -237,24 +217,21 @@ impl Store for SledStore {
             });
             tip.pending += 1;
         }
-        let entry = self
-            .next_entry
-            .fetch_add(1, Ordering::Relaxed)
-            .to_be_bytes();
-        let journaled = self.journal.insert(entry, pack(&ops)).map_err(backend);
-        let result = journaled.and_then(|_| {
-            let applied = self
-                .apply(&ops)
-                .and_then(|_| self.journal.remove(entry).map(drop).map_err(backend));
-            if applied.is_err() {
-                self.poisoned.store(true, Ordering::SeqCst);
-            }
-            applied
-        });
-        if result.is_err() {
+        let appended = self
+            .log
+            .insert(keys::commit(group_id, commit.meta.last_seq), encode(&commit));
+        if let Err(e) = appended {
             self.publish(group_id, write.expected_last_seq);
+            return Err(backend(e));
         }
-        result
+        self.remember(group_id, Arc::new(without_events(commit)));
+        for call in write.state.calls.values() {
+            if !needs_recovery(call) && was(&call.id) != Some(false) {
+                // Best effort: a marker left behind only costs recovery a look.
+                let _ = self.open.remove(keys::call(group_id, &call.id));
+            }
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> Result<(), Error> {
@@ -297,11 +274,19 @@ impl Store for SledStore {
         if durable <= after {
             return Ok(vec![]);
         }
-        let range = keys::event(group_id, after + 1)..=keys::event(group_id, durable);
+        // A commit's key is its last event's seq, so the first commit with
+        // events after `after` is the first keyed above it; commits keyed
+        // up to `durable` hold only durable events.
+        let range = keys::commit(group_id, after + 1)..=keys::commit(group_id, durable);
         let mut out = Vec::new();
-        for entry in self.events.range(range).take(limit) {
+        for entry in self.log.range(range) {
             let (_, bytes) = entry.map_err(backend)?;
-            out.push(serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt(e.to_string()))?);
+            let commit: CommitEvents = decode(&bytes)?;
+            out.extend(commit.events.into_iter().filter(|e| e.seq > after));
+            if out.len() >= limit {
+                out.truncate(limit);
+                break;
+            }
         }
         Ok(out)
     }
@@ -312,7 +297,11 @@ impl Store for SledStore {
             Some(tip) => tip.durable.subscribe(),
             None => {
                 // No write in flight: everything stored is durable.
-                let last = self.meta(group_id).ok().flatten().map_or(0, |m| m.last_seq);
+                let last = self
+                    .last_commit(group_id)
+                    .ok()
+                    .flatten()
+                    .map_or(0, |l| l.meta.last_seq);
                 let sender = watch::Sender::new(last);
                 let receiver = sender.subscribe();
                 tips.insert(
@@ -342,47 +331,65 @@ impl Store for SledStore {
     }
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
-        self.meta(group_id)
+        Ok(self.last_commit(group_id)?.map(|l| l.meta.clone()))
     }
 
+    /// Skips from thread to thread: one seek per thread to its last commit.
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
-        self.threads
-            .iter()
-            .values()
-            .map(|v| unpack(&v.map_err(backend)?))
-            .collect()
+        let mut out = vec![];
+        let mut from = Bound::Unbounded;
+        while let Some(entry) = self.log.range::<Vec<u8>, _>((from, Bound::Unbounded)).next() {
+            let (key, _) = entry.map_err(backend)?;
+            let thread = keys::thread_of(&key)
+                .ok_or_else(|| Error::Corrupt("log key".into()))?
+                .to_vec();
+            if let Some(last) = self.log.scan_prefix(&thread).next_back() {
+                let (_, value) = last.map_err(backend)?;
+                out.push(decode::<Commit>(&value)?.meta);
+            }
+            from = Bound::Excluded(keys::commit_after_all(&thread));
+        }
+        Ok(out)
     }
 
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
-        self.calls
-            .scan_prefix(keys::thread(group_id))
-            .values()
-            .map(|v| unpack(&v.map_err(backend)?))
-            .collect()
+        let mut out: HashMap<String, CallRecord> = HashMap::new();
+        for value in self.calls.scan_prefix(keys::thread(group_id)).values() {
+            let call: CallRecord = decode(&value.map_err(backend)?)?;
+            out.insert(call.id.clone(), call);
+        }
+        // The last commit's calls may have no copy yet, or an older one.
+        for call in self.last_commit(group_id)?.iter().flat_map(|l| &l.calls) {
+            out.insert(call.id.clone(), call.clone());
+        }
+        Ok(out.into_values().collect())
     }
 
     async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
-        match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
-            Some(bytes) => unpack(&bytes).map(Some),
-            None => Ok(None),
-        }
+        self.current_call(group_id, id)
     }
 
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
-        self.open
-            .iter()
-            .keys()
-            .map(|k| {
-                let k = k.map_err(backend)?;
-                keys::split_call(&k).ok_or_else(|| Error::Corrupt("open call key".into()))
-            })
-            .collect()
+        let mut out = vec![];
+        for key in self.open.iter().keys() {
+            let key = key.map_err(backend)?;
+            let (group_id, id) =
+                keys::split_call(&key).ok_or_else(|| Error::Corrupt("open call key".into()))?;
+            if self
+                .current_call(&group_id, &id)?
+                .is_some_and(|c| needs_recovery(&c))
+            {
+                out.push((group_id, id));
+            }
+        }
+        Ok(out)
     }
 
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = keys::toolset(&toolset.name, &toolset.version);
-        let value = serde_json::to_vec(toolset).expect("toolsets serialize");
-        self.toolsets.insert(key, value).map_err(backend)?;
+        self.toolsets
+            .insert(key, encode(toolset))
+            .map_err(backend)?;
         Ok(())
     }
 
@@ -397,10 +404,7 @@ impl Store for SledStore {
         self.toolsets
             .iter()
             .values()
-            .map(|v| {
-                let v = v.map_err(backend)?;
-                serde_json::from_slice(&v).map_err(|e| Error::Corrupt(e.to_string()))
-            })
+            .map(|v| decode(&v.map_err(backend)?))
             .collect()
     }
 }
@@ -408,7 +412,8 @@ impl Store for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_proto::api::EventKind;
+    use crate::store::log::tests::call;
+    use ferry_proto::api::{CallStatus, EventKind};
 
     fn event(group_id: &str, seq: u64) -> Event {
         Event {
@@ -436,6 +441,33 @@ mod tests {
                 }
                 Err(e) => panic!("reopening the store: {e}"),
             }
+        }
+    }
+
+    /// Writes one command to thread `g`: the thread moves to `seq` with
+    /// `calls` loaded, recording one event.
+    async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+        let mut state = ThreadState::new(g);
+        state.meta.last_seq = seq;
+        for call in calls {
+            state.calls.insert(call.id.clone(), call.clone());
+        }
+        store
+            .write(Write {
+                expected_last_seq: seq - 1,
+                state: &state,
+                events: &[event(g, seq)],
+            })
+            .await
+            .unwrap();
+        store.flush().await.unwrap();
+        store.publish(g, seq);
+    }
+
+    fn with_status(id: &str, status: CallStatus) -> CallRecord {
+        CallRecord {
+            status,
+            ..call(id)
         }
     }
 
@@ -480,34 +512,71 @@ mod tests {
         assert!(store.tips.lock().unwrap().is_empty());
     }
 
+    /// A call's record is in the last commit while the thread works on it,
+    /// then in its copy; both read back after a restart (a cold cache).
     #[tokio::test]
-    async fn a_command_cut_short_after_its_journal_entry_is_completed_on_open() {
+    async fn calls_read_back_from_the_last_commit_or_their_copy_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = SledStore::open(dir.path()).unwrap();
-            let mut meta = ThreadMeta {
-                group_id: "g".into(),
-                ..ThreadMeta::default()
-            };
-            meta.last_seq = 1;
-            let ops = vec![
-                Op::Put(
-                    TreeId::Events,
-                    keys::event("g", 1),
-                    serde_json::to_vec(&event("g", 1)).unwrap(),
-                ),
-                Op::Put(TreeId::Threads, keys::thread("g"), pack(&meta)),
-            ];
-            // The crash: the journal entry is written, nothing applied.
-            store
-                .journal
-                .insert(7u64.to_be_bytes(), pack(&ops))
-                .unwrap();
-            store.db.flush().unwrap();
+            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+            commit(&store, "g", 2, &[with_status("a", CallStatus::Completed)]).await;
+            assert!(store.copy("g", "a").unwrap().is_none(), "not moved on yet");
+            commit(&store, "g", 3, &[with_status("b", CallStatus::Queued)]).await;
+            commit(&store, "h", 1, &[with_status("c", CallStatus::Queued)]).await;
         }
         let store = reopen(dir.path()).await;
-        assert_eq!(store.thread("g").await.unwrap().unwrap().last_seq, 1);
-        assert_eq!(store.events("g", 0, 10).await.unwrap(), vec![event("g", 1)]);
-        assert!(store.journal.is_empty());
+        let state = store.load("g", &["a", "b", "x"]).await.unwrap();
+        assert_eq!(state.meta.last_seq, 3);
+        assert_eq!(state.calls["a"].status, CallStatus::Completed);
+        assert_eq!(state.calls["b"].status, CallStatus::Queued);
+        assert!(!state.calls.contains_key("x"));
+        let mut ids: Vec<_> = store.calls("g").await.unwrap().into_iter().map(|c| c.id).collect();
+        ids.sort();
+        assert_eq!(ids, ["a", "b"]);
+        let events: Vec<u64> = store.events("g", 1, 10).await.unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(events, [2, 3]);
+        assert_eq!(store.events("g", 0, 2).await.unwrap().len(), 2, "limit holds");
+        let mut threads: Vec<_> = store
+            .threads()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.group_id, m.last_seq))
+            .collect();
+        threads.sort();
+        assert_eq!(threads, [("g".into(), 3), ("h".into(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn recovery_sees_open_calls_and_not_finished_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        commit(&store, "g", 2, &[with_status("b", CallStatus::Dispatched)]).await;
+        commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+        let open = store.open_calls().await.unwrap();
+        assert_eq!(open, [("g".to_owned(), "b".to_owned())]);
+        assert!(store.open.get(keys::call("g", "a")).unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_directory_of_the_old_layout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::open(dir.path()).unwrap();
+            db.open_tree("journal").unwrap();
+            db.flush().unwrap();
+        }
+        let refused = loop {
+            match SledStore::open(dir.path()) {
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                other => break other,
+            }
+        };
+        let message = refused.err().expect("refused").to_string();
+        assert!(message.contains("older Ferry"), "{message}");
     }
 }

@@ -1,0 +1,153 @@
+//! A thread's log as both adapters keep it: one [`Commit`] per command,
+//! holding the command's events, the thread's metadata after them, and the
+//! calls the command loaded (as they are after it).
+//!
+//! A call's latest record is in the thread's *last* commit if that commit
+//! carries it, else in a copy kept beside the log. Before a writer appends
+//! commit N+1, it copies the calls of commit N that N+1 does not carry
+//! ([`Commit::moved_on`]), so the copies lag only for the last commit's
+//! calls, and readers take the last commit's version over a copy. A call
+//! touched by consecutive commits (a call's usual life: accepted,
+//! dispatched, answered) is copied once, when the thread moves on.
+
+use std::collections::HashMap;
+
+use ferry_proto::api::Event;
+use serde::{Deserialize, Serialize};
+
+use super::Write;
+use crate::thread::{CallRecord, ThreadMeta, ThreadState};
+
+/// One command's changes to a thread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Commit {
+    pub meta: ThreadMeta,
+    pub calls: Vec<CallRecord>,
+    pub events: Vec<Event>,
+}
+
+/// Only a commit's events: readers of a thread's events decode this and
+/// skip the rest of each commit.
+#[derive(Deserialize)]
+pub(crate) struct CommitEvents {
+    pub events: Vec<Event>,
+}
+
+impl Commit {
+    pub fn of(write: &Write<'_>) -> Self {
+        Self {
+            meta: write.state.meta.clone(),
+            calls: write.state.calls.values().cloned().collect(),
+            events: write.events.to_vec(),
+        }
+    }
+
+    pub fn call(&self, id: &str) -> Option<&CallRecord> {
+        self.calls.iter().find(|c| c.id == id)
+    }
+
+    /// This commit's calls that the next commit, which leaves the thread in
+    /// `next`, does not carry: their copies must be written before it is.
+    pub fn moved_on<'a>(
+        &'a self,
+        next: &'a HashMap<String, CallRecord>,
+    ) -> impl Iterator<Item = &'a CallRecord> {
+        self.calls.iter().filter(|c| !next.contains_key(&c.id))
+    }
+
+    /// The state a command starts from: this commit's metadata and the named
+    /// calls, each from this commit if it carries it, else from `copy`.
+    pub fn state<E>(
+        last: Option<&Commit>,
+        group_id: &str,
+        call_ids: &[&str],
+        mut copy: impl FnMut(&str) -> Result<Option<CallRecord>, E>,
+    ) -> Result<ThreadState, E> {
+        let mut state = ThreadState::new(group_id);
+        if let Some(last) = last {
+            state.meta = last.meta.clone();
+        }
+        for id in call_ids {
+            let call = match last.and_then(|l| l.call(id)) {
+                Some(call) => Some(call.clone()),
+                None => copy(id)?,
+            };
+            if let Some(call) = call {
+                state.calls.insert((*id).to_owned(), call);
+            }
+        }
+        Ok(state)
+    }
+}
+
+/// Whether recovery must look at the call: Ferry still expects something
+/// for it, or owes the tool a user's answer.
+pub(crate) fn needs_recovery(call: &CallRecord) -> bool {
+    call.status.is_open() || call.undelivered_choice.is_some()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::thread::Submission;
+    use ferry_proto::api::CallStatus;
+
+    /// A queued call, for store tests.
+    pub(crate) fn call(id: &str) -> CallRecord {
+        CallRecord {
+            id: id.into(),
+            submission: Submission {
+                operation: "t".into(),
+                arguments: serde_json::json!({}),
+                call_id: None,
+                user_id: None,
+                thread_ancestors: None,
+            },
+            tool: "T.t@1.0.0".into(),
+            target: None,
+            status: CallStatus::Queued,
+            attempts: 0,
+            accepted_seq: 1,
+            created_at: String::new(),
+            updated_at: String::new(),
+            result: None,
+            auth_url: None,
+            choice: None,
+            subscription_events: 0,
+            subscription_ended: false,
+            approval_deadline: None,
+            approval: None,
+            undelivered_choice: None,
+        }
+    }
+
+    #[test]
+    fn only_calls_the_next_commit_drops_are_copied() {
+        let commit = Commit {
+            meta: ThreadMeta::default(),
+            calls: vec![call("a"), call("b")],
+            events: vec![],
+        };
+        let next = HashMap::from([("b".to_owned(), call("b")), ("c".to_owned(), call("c"))]);
+        let moved: Vec<_> = commit.moved_on(&next).map(|c| c.id.as_str()).collect();
+        assert_eq!(moved, ["a"]);
+    }
+
+    #[test]
+    fn the_last_commit_wins_over_a_copy() {
+        let mut newer = call("a");
+        newer.status = CallStatus::Completed;
+        let commit = Commit {
+            meta: ThreadMeta::default(),
+            calls: vec![newer.clone()],
+            events: vec![],
+        };
+        let state = Commit::state(Some(&commit), "g", &["a", "b", "x"], |id| {
+            Ok::<_, ()>((id != "x").then(|| call(id)))
+        })
+        .unwrap();
+        assert_eq!(state.calls["a"], newer);
+        assert_eq!(state.calls["b"], call("b"));
+        assert!(!state.calls.contains_key("x"));
+    }
+}
