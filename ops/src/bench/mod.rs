@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +47,14 @@ const TOOL: &str = "echo";
 /// `ferry bench` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Seconds measured per run (each of baseline and Ferry, per level).
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds measured per round (each of baseline and Ferry, per level).
+    #[arg(long, default_value_t = 3.0)]
     pub duration: f64,
+    /// Rounds per level: each measures the baseline, then Ferry. The
+    /// figures pool every round; alternating keeps a drift of the machine's
+    /// speed (±20% over seconds here) from favouring one side.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Seconds of unmeasured calls before each measured run.
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
@@ -109,8 +115,10 @@ pub struct Row {
     pub callers: usize,
     pub baseline: Stats,
     pub ferry: Stats,
-    /// Ferry's calls/s over the baseline's.
+    /// Ferry's calls/s over the baseline's, pooled over the rounds.
     pub ratio: f64,
+    /// The same ratio in each round, to show its spread.
+    pub round_ratios: Vec<f64>,
 }
 
 /// Every level, with the run's parameters.
@@ -118,6 +126,7 @@ pub struct Row {
 pub struct Report {
     pub duration: Duration,
     pub warmup: Duration,
+    pub rounds: usize,
     pub rows: Vec<Row>,
 }
 
@@ -135,6 +144,7 @@ impl Report {
         json!({
             "duration_s": self.duration.as_secs_f64(),
             "warmup_s": self.warmup.as_secs_f64(),
+            "rounds": self.rounds,
             "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "rows": self.rows,
             "target": {
@@ -147,21 +157,29 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ratio | baseline p50/p99 ms | ferry p50/p99 ms |\n\
-             |---|---:|---:|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms |\n\
+             |---|---:|---:|---:|---:|---|---:|---:|\n",
         );
         for r in &self.rows {
+            let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
                 r.ferry.calls_per_sec,
                 r.ratio,
+                rounds.join(" "),
                 latency(&r.baseline),
                 latency(&r.ferry),
             );
         }
+        out += &format!(
+            "\n{} rounds of {:.1} s measured (after {:.1} s warmup) per side and level.\n",
+            self.rounds,
+            self.duration.as_secs_f64(),
+            self.warmup.as_secs_f64()
+        );
         out += "\n";
         for r in &self.rows {
             for (side, s) in [("baseline", &r.baseline), ("ferry", &r.ferry)] {
@@ -222,6 +240,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         !args.concurrency.is_empty() && !args.concurrency.contains(&0),
         "--concurrency needs caller counts of at least 1"
     );
+    ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    let plan = Plan {
+        warmup,
+        duration,
+        rounds: args.rounds,
+    };
     let http = client()?;
     let tool = serve(tool_router(http.clone())).await?;
     let receiver = Receiver::start().await?;
@@ -242,6 +266,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         bases: vec![format!("http://{}", running.addr)],
         run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
         streams: Arc::default(),
+        calls: Arc::default(),
     };
     ferry.check_registered().await?;
     let baseline = Baseline {
@@ -250,13 +275,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         receiver,
     };
     let mut rows = Vec::new();
-    let mut baselines = HashMap::new();
     for &callers in &args.concurrency {
-        let b = baseline.clone();
-        let base = drive(callers, warmup, duration, move |c, n| b.clone().call(c, n)).await;
-        baselines.insert(callers, base.clone());
-        let fer = measure(&ferry, callers, warmup, duration).await;
-        rows.push(Row::new("serve".into(), callers, base, fer));
+        rows.push(plan.compare("serve".into(), callers, &baseline, &ferry).await);
     }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
@@ -275,60 +295,81 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 bases: deployment.bases.clone(),
                 run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
                 streams: Arc::default(),
+                calls: Arc::default(),
                 ..ferry.clone()
             };
             ferry.wait_registered().await?;
             for &callers in &args.concurrency {
-                let fer = measure(&ferry, callers, warmup, duration).await;
-                let base = baselines[&callers].clone();
-                rows.push(Row::new(
-                    format!("cluster {runtimes}x{workers}"),
-                    callers,
-                    base,
-                    fer,
-                ));
+                let mode = format!("cluster {runtimes}x{workers}");
+                rows.push(plan.compare(mode, callers, &baseline, &ferry).await);
             }
         }
     }
     Ok(Report {
         duration,
         warmup,
+        rounds: args.rounds,
         rows,
     })
 }
 
-/// Ferry's side of one level.
-async fn measure(ferry: &Ferry, callers: usize, warmup: Duration, duration: Duration) -> Stats {
-    let f = ferry.clone();
-    drive(callers, warmup, duration, move |c, n| {
-        f.clone().call(callers, c, n)
-    })
-    .await
+/// How long each side runs, and how often.
+struct Plan {
+    warmup: Duration,
+    duration: Duration,
+    rounds: usize,
 }
 
-impl Row {
-    fn new(mode: String, callers: usize, baseline: Stats, ferry: Stats) -> Self {
-        let ratio = if baseline.calls_per_sec > 0.0 {
-            ferry.calls_per_sec / baseline.calls_per_sec
-        } else {
-            0.0
-        };
+impl Plan {
+    /// One level: the baseline and Ferry in alternating rounds, pooled.
+    async fn compare(&self, mode: String, callers: usize, baseline: &Baseline, ferry: &Ferry) -> Row {
+        let (mut base, mut fer) = (Tally::default(), Tally::default());
+        let mut round_ratios = vec![];
+        for _ in 0..self.rounds {
+            let b = baseline.clone();
+            let round_base = drive(callers, self.warmup, self.duration, move |c, n| {
+                b.clone().call(c, n)
+            })
+            .await;
+            let f = ferry.clone();
+            let round_fer = drive(callers, self.warmup, self.duration, move |c, n| {
+                f.clone().call(callers, c, n)
+            })
+            .await;
+            round_ratios.push(ratio(round_fer.latencies.len(), round_base.latencies.len()));
+            base.merge(round_base);
+            fer.merge(round_fer);
+        }
+        let window = self.duration * self.rounds as u32;
         Row {
             mode,
             callers,
-            baseline,
-            ferry,
-            ratio,
+            ratio: ratio(fer.latencies.len(), base.latencies.len()),
+            round_ratios,
+            baseline: summarize(base, window),
+            ferry: summarize(fer, window),
         }
+    }
+}
+
+/// Ferry's calls over the baseline's in the same time.
+fn ratio(ferry: usize, baseline: usize) -> f64 {
+    if baseline == 0 {
+        0.0
+    } else {
+        ferry as f64 / baseline as f64
     }
 }
 
 /// One HTTP client for every caller (and one for the tool's callbacks):
 /// pooled keep-alive connections, never a proxy, since all is loopback.
+/// Its timeout is per read, not per request: a caller's event stream stays
+/// open across rounds (Ferry sends a keep-alive comment every 15 s).
 fn client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .no_proxy()
-        .timeout(CALL_TIMEOUT)
+        .connect_timeout(CALL_TIMEOUT)
+        .read_timeout(CALL_TIMEOUT)
         .build()?)
 }
 
@@ -340,7 +381,7 @@ async fn serve(router: Router) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// What one caller did over its run.
+/// What callers did over a run.
 #[derive(Default)]
 struct Tally {
     latencies: Vec<Duration>,
@@ -348,11 +389,19 @@ struct Tally {
     first_error: Option<String>,
 }
 
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.latencies.extend(other.latencies);
+        self.errors += other.errors;
+        self.first_error = self.first_error.take().or(other.first_error);
+    }
+}
+
 /// Runs `callers` concurrent loops of `call(caller, n)` for warmup plus
 /// duration. A call counts if it ends inside the measured window; its
 /// latency is from just before it started to its end. No new call starts
 /// once the window is over.
-async fn drive<F, Fut>(callers: usize, warmup: Duration, duration: Duration, call: F) -> Stats
+async fn drive<F, Fut>(callers: usize, warmup: Duration, duration: Duration, call: F) -> Tally
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send,
@@ -388,12 +437,11 @@ where
         .collect();
     let mut all = Tally::default();
     for task in tasks {
-        let Ok(t) = task.await else { continue };
-        all.latencies.extend(t.latencies);
-        all.errors += t.errors;
-        all.first_error = all.first_error.or(t.first_error);
+        if let Ok(t) = task.await {
+            all.merge(t);
+        }
     }
-    summarize(all, duration)
+    all
 }
 
 fn summarize(mut tally: Tally, duration: Duration) -> Stats {
@@ -589,6 +637,8 @@ struct Ferry {
     run: String,
     /// Each caller's open stream, by `(level, caller)`.
     streams: Arc<Mutex<HashMap<(usize, usize), StreamSlot>>>,
+    /// Numbers call ids, unique across rounds.
+    calls: Arc<AtomicU64>,
 }
 
 /// A caller's stream, opened on its first call.
@@ -687,7 +737,7 @@ impl Ferry {
             *stream = Some(EventStream::open(&self.http, url).await?);
         }
         let stream = stream.as_mut().expect("opened above");
-        let id = format!("c{n}");
+        let id = format!("c{}", self.calls.fetch_add(1, Ordering::Relaxed));
         let submit = SubmitCall {
             operation: format!("{TOOLSET}.{TOOL}"),
             arguments: json!({"text": format!("hello {n}")}),

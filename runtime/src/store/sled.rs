@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use ferry_proto::api::Event;
 use lru::LruCache;
 use serde::{de::DeserializeOwned, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use tokio::sync::watch;
 
 use super::commit::GroupCommit;
@@ -42,6 +42,9 @@ use crate::toolsets::StoredToolset;
 
 /// Threads whose last commit is kept decoded in memory.
 const CACHED_THREADS: usize = 4096;
+
+/// Events per watched or written thread kept in memory for its followers.
+const RECENT_EVENTS: usize = 128;
 
 /// Trees of the layout before this one (a journal beside per-record
 /// trees); a data directory holding them is refused, not misread.
@@ -73,6 +76,51 @@ struct Tip {
     durable: watch::Sender<u64>,
     /// Writes made but not yet published.
     pending: u32,
+    /// The thread's newest events, in order and without gaps, durable or
+    /// not (readers stop at `durable`): a follower reads what it was woken
+    /// for from memory instead of sled.
+    recent: VecDeque<Event>,
+}
+
+impl Tip {
+    fn new(durable: u64) -> Self {
+        Self {
+            durable: watch::Sender::new(durable),
+            pending: 0,
+            recent: VecDeque::new(),
+        }
+    }
+
+    fn remember(&mut self, events: &[Event]) {
+        let follows = match (self.recent.back(), events.first()) {
+            (Some(back), Some(first)) => back.seq + 1 == first.seq,
+            _ => true,
+        };
+        if !follows {
+            self.recent.clear();
+        }
+        self.recent.extend(events.iter().cloned());
+        let excess = self.recent.len().saturating_sub(RECENT_EVENTS);
+        self.recent.drain(..excess);
+    }
+
+    /// Durable events after `after` from memory, if memory holds them all.
+    fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
+        let first = self.recent.front()?;
+        if first.seq > after + 1 {
+            return None;
+        }
+        let durable = *self.durable.borrow();
+        Some(
+            self.recent
+                .iter()
+                .skip_while(|e| e.seq <= after)
+                .take_while(|e| e.seq <= durable)
+                .take(limit)
+                .cloned()
+                .collect(),
+        )
+    }
 }
 
 fn backend(e: impl std::fmt::Display) -> Error {
@@ -211,10 +259,9 @@ impl Store for SledStore {
         let commit = Commit::of(&write);
         {
             let mut tips = self.tips.lock().expect("tips lock");
-            let tip = tips.entry(group_id.to_owned()).or_insert_with(|| Tip {
-                durable: watch::Sender::new(write.expected_last_seq),
-                pending: 0,
-            });
+            let tip = tips
+                .entry(group_id.to_owned())
+                .or_insert_with(|| Tip::new(write.expected_last_seq));
             tip.pending += 1;
         }
         let appended = self
@@ -223,6 +270,9 @@ impl Store for SledStore {
         if let Err(e) = appended {
             self.publish(group_id, write.expected_last_seq);
             return Err(backend(e));
+        }
+        if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
+            tip.remember(&commit.events);
         }
         self.remember(group_id, Arc::new(without_events(commit)));
         for call in write.state.calls.values() {
@@ -269,7 +319,11 @@ impl Store for SledStore {
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
         let durable = {
             let tips = self.tips.lock().expect("tips lock");
-            tips.get(group_id).map_or(u64::MAX, |t| *t.durable.borrow())
+            let tip = tips.get(group_id);
+            if let Some(events) = tip.and_then(|t| t.events_after(after, limit)) {
+                return Ok(events);
+            }
+            tip.map_or(u64::MAX, |t| *t.durable.borrow())
         };
         if durable <= after {
             return Ok(vec![]);
@@ -302,15 +356,9 @@ impl Store for SledStore {
                     .ok()
                     .flatten()
                     .map_or(0, |l| l.meta.last_seq);
-                let sender = watch::Sender::new(last);
-                let receiver = sender.subscribe();
-                tips.insert(
-                    group_id.to_owned(),
-                    Tip {
-                        durable: sender,
-                        pending: 0,
-                    },
-                );
+                let tip = Tip::new(last);
+                let receiver = tip.durable.subscribe();
+                tips.insert(group_id.to_owned(), tip);
                 receiver
             }
         };
@@ -546,6 +594,27 @@ mod tests {
             .collect();
         threads.sort();
         assert_eq!(threads, [("g".into(), 3), ("h".into(), 1)]);
+    }
+
+    #[test]
+    fn a_tip_serves_durable_events_from_memory_only_when_it_holds_them_all() {
+        let mut tip = Tip::new(0);
+        tip.remember(&[event("g", 1), event("g", 2)]);
+        tip.remember(&[event("g", 3)]);
+        tip.durable.send_replace(2);
+        let seqs = |events: Option<Vec<Event>>| events.map(|e| e.iter().map(|e| e.seq).collect::<Vec<_>>());
+        assert_eq!(seqs(tip.events_after(0, 10)), Some(vec![1, 2]), "not past durable");
+        assert_eq!(seqs(tip.events_after(1, 10)), Some(vec![2]));
+        assert_eq!(seqs(tip.events_after(0, 1)), Some(vec![1]));
+        // A gap (events written while nobody kept them) restarts memory.
+        tip.remember(&[event("g", 7)]);
+        assert_eq!(seqs(tip.events_after(3, 10)), None, "6 and before are not in memory");
+        for seq in 8..8 + RECENT_EVENTS as u64 {
+            tip.remember(&[event("g", seq)]);
+        }
+        assert_eq!(tip.recent.len(), RECENT_EVENTS);
+        assert_eq!(seqs(tip.events_after(6, 10)), None, "7 fell out");
+        assert_eq!(seqs(tip.events_after(7, 10)), Some(vec![]), "8 on, none durable");
     }
 
     #[tokio::test]
