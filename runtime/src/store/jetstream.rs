@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::log::{needs_recovery, Commit};
+use super::log::Commit;
 use super::{Error, Store, Watch, Write};
 use crate::cluster::subjects;
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
@@ -508,42 +508,11 @@ impl Store for JetStreamStore {
         self.current_call(group_id, id, last.as_ref()).await
     }
 
+    /// Each thread's unsettled calls, from its last commit.
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
-        // Every call by thread: those with copies, then those only the
-        // last commit of their thread holds so far.
-        let mut threads: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-            Default::default();
-        for subject in self
-            .subjects_under(format!("{}.*.*", subjects::CALL))
-            .await?
-        {
-            if let (Some(group_id), Some(id)) =
-                (subjects::group_of(&subject), subjects::call_id_of(&subject))
-            {
-                threads.entry(group_id).or_default().insert(id);
-            }
-        }
-        for subject in self.subjects_under(format!("{}.*", subjects::LOG)).await? {
-            if let Some(group_id) = subjects::group_of(&subject) {
-                threads.entry(group_id).or_default();
-            }
-        }
         let mut out = vec![];
-        for (group_id, mut ids) in threads {
-            // One read of the thread's last commit serves all its calls.
-            let last = self.last(&group_id).await?;
-            ids.extend(
-                last.iter()
-                    .flat_map(|l| &l.commit.calls)
-                    .map(|c| c.id.clone()),
-            );
-            for id in ids {
-                if let Some(call) = self.current_call(&group_id, &id, last.as_ref()).await? {
-                    if needs_recovery(&call) {
-                        out.push((group_id.clone(), id));
-                    }
-                }
-            }
+        for meta in self.threads().await? {
+            out.extend(meta.unsettled.into_iter().map(|id| (meta.group_id.clone(), id)));
         }
         Ok(out)
     }

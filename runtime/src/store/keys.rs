@@ -38,14 +38,6 @@ pub fn thread_of(key: &[u8]) -> Option<&[u8]> {
     key.get(..4 + len)
 }
 
-/// Splits a call key back into `(group_id, id)`.
-pub fn split_call(key: &[u8]) -> Option<(String, String)> {
-    let len = u32::from_be_bytes(key.get(..4)?.try_into().ok()?) as usize;
-    let group = std::str::from_utf8(key.get(4..4 + len)?).ok()?;
-    let id = std::str::from_utf8(key.get(4 + len..)?).ok()?;
-    Some((group.to_owned(), id.to_owned()))
-}
-
 /// `name \0 version`.
 pub fn toolset(name: &str, version: &semver::Version) -> Vec<u8> {
     format!("{name}\0{version}").into_bytes()
@@ -64,12 +56,5 @@ mod tests {
         assert!(commit("a", 255) < commit("a", 256));
         assert!(commit("a", u64::MAX) <= commit_after_all(&thread("a")));
         assert_eq!(thread_of(&commit("a.b", 7)), Some(thread("a.b").as_slice()));
-    }
-
-    #[test]
-    fn call_keys_split_back() {
-        for (g, id) in [("a.b", "c"), ("", "x"), ("*>", "ü /"), ("g", "")] {
-            assert_eq!(split_call(&call(g, id)), Some((g.into(), id.into())));
-        }
     }
 }

@@ -80,12 +80,6 @@ impl Commit {
     }
 }
 
-/// Whether recovery must look at the call: Ferry still expects something
-/// for it, or owes the tool a user's answer.
-pub(crate) fn needs_recovery(call: &CallRecord) -> bool {
-    call.status.is_open() || call.undelivered_choice.is_some()
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

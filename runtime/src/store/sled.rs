@@ -7,19 +7,18 @@
 //!   commit is its current metadata and a range scan reads its events.
 //! - `calls` — call key → the call's record, copied when its thread moves
 //!   on (the rule is in `store::log`).
-//! - `open` — call key → `()`: the calls recovery must look at, a superset
-//!   of those that need it.
 //! - `toolsets` — `name\0version` → the stored toolset.
 //!
 //! Why one key per command: a single-key insert is atomic, so a command
 //! needs no transaction and no journal (a sled transaction pins the log and
 //! seals its I/O buffer, so each command paid its own write-out and group
-//! commit had nothing left to merge). What a commit rests on is written
-//! before it: the copies of the calls it moves on from and the recovery
-//! markers of calls it opens. sled recovers a prefix of its log after a
-//! crash, so a commit that survives has them too. Markers of calls a commit
-//! closes are removed after it; one left behind by a crash only costs
-//! recovery a look.
+//! commit had nothing left to merge). What a commit rests on, the copies of
+//! the calls it moves on from, is written before it; sled recovers a prefix
+//! of its log after a crash, so a commit that survives has them too.
+//!
+//! The calls recovery walks are each thread's `unsettled` set, in its last
+//! commit's metadata: read once at open (one seek per thread), then kept in
+//! memory, so no write pays for an index.
 
 use std::num::NonZeroUsize;
 use std::ops::Bound;
@@ -31,11 +30,11 @@ use async_trait::async_trait;
 use ferry_proto::api::Event;
 use lru::LruCache;
 use serde::{de::DeserializeOwned, Serialize};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use tokio::sync::watch;
 
 use super::commit::GroupCommit;
-use super::log::{needs_recovery, Commit, CommitEvents};
+use super::log::{Commit, CommitEvents};
 use super::{keys, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
@@ -55,7 +54,6 @@ pub struct SledStore {
     _db: Arc<sled::Db>,
     log: sled::Tree,
     calls: sled::Tree,
-    open: sled::Tree,
     toolsets: sled::Tree,
     commit: GroupCommit,
     /// Per thread with a write in flight or a reader waiting: the last
@@ -66,6 +64,8 @@ pub struct SledStore {
     /// events: what every command loads and every write checks against.
     /// Only this process writes the store, so it never goes stale.
     last: Mutex<LruCache<String, Arc<Commit>>>,
+    /// Every thread's unsettled calls, as `(group_id, id)`.
+    unsettled: Mutex<BTreeSet<(String, String)>>,
     /// Set when a flush failed: sled's memory may hold writes its disk does
     /// not, and commands built on them could be lost in a crash after being
     /// answered. Every later write is refused until a restart.
@@ -157,10 +157,17 @@ impl SledStore {
         }
         let db = Arc::new(db);
         let tree = |name: &str| db.open_tree(name).map_err(backend);
+        let log = tree("log")?;
+        let mut unsettled = BTreeSet::new();
+        for last in last_commits(&log) {
+            let meta = last?.meta;
+            for id in meta.unsettled {
+                unsettled.insert((meta.group_id.clone(), id));
+            }
+        }
         Ok(Self {
-            log: tree("log")?,
+            log,
             calls: tree("calls")?,
-            open: tree("open")?,
             toolsets: tree("toolsets")?,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             _db: db,
@@ -168,6 +175,7 @@ impl SledStore {
             last: Mutex::new(LruCache::new(
                 NonZeroUsize::new(CACHED_THREADS).expect("not zero"),
             )),
+            unsettled: Mutex::new(unsettled),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -211,6 +219,30 @@ impl SledStore {
     }
 }
 
+/// Every thread's last commit, skipping from thread to thread: one seek
+/// per thread.
+fn last_commits(log: &sled::Tree) -> impl Iterator<Item = Result<Commit, Error>> + '_ {
+    let mut from = Bound::Unbounded;
+    std::iter::from_fn(move || {
+        let next = (|| {
+            let Some(entry) = log.range::<Vec<u8>, _>((from.clone(), Bound::Unbounded)).next()
+            else {
+                return Ok(None);
+            };
+            let (key, _) = entry.map_err(backend)?;
+            let thread = keys::thread_of(&key)
+                .ok_or_else(|| Error::Corrupt("log key".into()))?
+                .to_vec();
+            from = Bound::Excluded(keys::commit_after_all(&thread));
+            match log.scan_prefix(&thread).next_back() {
+                Some(last) => decode(&last.map_err(backend)?.1).map(Some),
+                None => Ok(None),
+            }
+        })();
+        next.transpose()
+    })
+}
+
 fn without_events(commit: Commit) -> Commit {
     Commit {
         events: vec![],
@@ -241,18 +273,10 @@ impl Store for SledStore {
         if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
             return Err(Error::Conflict(group_id.to_owned()));
         }
-        let was = |id: &str| last.as_ref().and_then(|l| l.call(id)).map(needs_recovery);
         if let Some(last) = &last {
             for call in last.moved_on(&write.state.calls) {
                 self.calls
                     .insert(keys::call(group_id, &call.id), encode(call))
-                    .map_err(backend)?;
-            }
-        }
-        for call in write.state.calls.values() {
-            if needs_recovery(call) && was(&call.id) != Some(true) {
-                self.open
-                    .insert(keys::call(group_id, &call.id), &[])
                     .map_err(backend)?;
             }
         }
@@ -274,13 +298,17 @@ impl Store for SledStore {
         if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
             tip.remember(&commit.events);
         }
-        self.remember(group_id, Arc::new(without_events(commit)));
-        for call in write.state.calls.values() {
-            if !needs_recovery(call) && was(&call.id) != Some(false) {
-                // Best effort: a marker left behind only costs recovery a look.
-                let _ = self.open.remove(keys::call(group_id, &call.id));
+        {
+            let mut unsettled = self.unsettled.lock().expect("unsettled lock");
+            let before = last.iter().flat_map(|l| &l.meta.unsettled);
+            for id in before.filter(|id| !commit.meta.unsettled.contains(*id)) {
+                unsettled.remove(&(group_id.to_owned(), id.clone()));
+            }
+            for id in &commit.meta.unsettled {
+                unsettled.insert((group_id.to_owned(), id.clone()));
             }
         }
+        self.remember(group_id, Arc::new(without_events(commit)));
         Ok(())
     }
 
@@ -382,22 +410,8 @@ impl Store for SledStore {
         Ok(self.last_commit(group_id)?.map(|l| l.meta.clone()))
     }
 
-    /// Skips from thread to thread: one seek per thread to its last commit.
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
-        let mut out = vec![];
-        let mut from = Bound::Unbounded;
-        while let Some(entry) = self.log.range::<Vec<u8>, _>((from, Bound::Unbounded)).next() {
-            let (key, _) = entry.map_err(backend)?;
-            let thread = keys::thread_of(&key)
-                .ok_or_else(|| Error::Corrupt("log key".into()))?
-                .to_vec();
-            if let Some(last) = self.log.scan_prefix(&thread).next_back() {
-                let (_, value) = last.map_err(backend)?;
-                out.push(decode::<Commit>(&value)?.meta);
-            }
-            from = Bound::Excluded(keys::commit_after_all(&thread));
-        }
-        Ok(out)
+        last_commits(&self.log).map(|c| Ok(c?.meta)).collect()
     }
 
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
@@ -418,19 +432,8 @@ impl Store for SledStore {
     }
 
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
-        let mut out = vec![];
-        for key in self.open.iter().keys() {
-            let key = key.map_err(backend)?;
-            let (group_id, id) =
-                keys::split_call(&key).ok_or_else(|| Error::Corrupt("open call key".into()))?;
-            if self
-                .current_call(&group_id, &id)?
-                .is_some_and(|c| needs_recovery(&c))
-            {
-                out.push((group_id, id));
-            }
-        }
-        Ok(out)
+        let unsettled = self.unsettled.lock().expect("unsettled lock");
+        Ok(unsettled.iter().cloned().collect())
     }
 
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
@@ -492,13 +495,18 @@ mod tests {
         }
     }
 
-    /// Writes one command to thread `g`: the thread moves to `seq` with
-    /// `calls` loaded, recording one event.
+    /// Writes one command to thread `g`, as the engine would: the thread
+    /// moves to `seq` with `calls` changed, recording one event.
     async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
-        let mut state = ThreadState::new(g);
+        let mut state = store.load(g, &[]).await.unwrap();
         state.meta.last_seq = seq;
         for call in calls {
             state.calls.insert(call.id.clone(), call.clone());
+            if call.is_unsettled() {
+                state.meta.unsettled.insert(call.id.clone());
+            } else {
+                state.meta.unsettled.remove(&call.id);
+            }
         }
         store
             .write(Write {
@@ -618,15 +626,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn recovery_sees_open_calls_and_not_finished_ones() {
+    async fn recovery_sees_unsettled_calls_and_not_finished_ones_also_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
-        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-        commit(&store, "g", 2, &[with_status("b", CallStatus::Dispatched)]).await;
-        commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
-        let open = store.open_calls().await.unwrap();
-        assert_eq!(open, [("g".to_owned(), "b".to_owned())]);
-        assert!(store.open.get(keys::call("g", "a")).unwrap().is_none());
+        let expected = vec![("g".to_owned(), "b".to_owned()), ("h".to_owned(), "c".to_owned())];
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+            commit(&store, "g", 2, &[with_status("b", CallStatus::Dispatched)]).await;
+            commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+            commit(&store, "h", 1, &[with_status("c", CallStatus::Queued)]).await;
+            commit(&store, "i", 1, &[with_status("d", CallStatus::Queued)]).await;
+            commit(&store, "i", 2, &[with_status("d", CallStatus::Failed)]).await;
+            assert_eq!(store.open_calls().await.unwrap(), expected);
+        }
+        let store = reopen(dir.path()).await;
+        assert_eq!(store.open_calls().await.unwrap(), expected);
     }
 
     #[tokio::test]

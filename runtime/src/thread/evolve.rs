@@ -73,6 +73,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 approval: None,
                 undelivered_choice: None,
             };
+            meta.unsettled.insert(id.to_owned());
             state.calls.insert(id.to_owned(), record);
         }
         EventKind::ThreadClosed {} => meta.closed = true,
@@ -217,6 +218,11 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 }
                 *meta.counts.entry(status).or_default() += 1;
                 call.status = status;
+            }
+            if call.is_unsettled() {
+                meta.unsettled.insert(id.to_owned());
+            } else {
+                meta.unsettled.remove(id);
             }
         }
     }

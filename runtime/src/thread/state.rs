@@ -19,6 +19,10 @@ pub struct ThreadMeta {
     pub closed: bool,
     /// Calls whose result opened a subscription that is still active.
     pub active_subscriptions: BTreeSet<String>,
+    /// Calls Ferry still owes something ([`CallRecord::is_unsettled`]):
+    /// what recovery walks after a restart.
+    #[serde(default)]
+    pub unsettled: BTreeSet<String>,
     /// How many calls are in each status.
     pub counts: BTreeMap<CallStatus, u64>,
     /// The latest `view_update` content per `view_type`.
@@ -64,6 +68,15 @@ pub struct CallRecord {
     /// The user's answer to a `user_choice`, until the tool accepted it.
     #[serde(default)]
     pub undelivered_choice: Option<ChoiceAnswer>,
+}
+
+impl CallRecord {
+    /// Whether Ferry still owes the call something: it is open (queued,
+    /// dispatched, waiting, subscribed, pending approval), or it holds a
+    /// user's answer the tool has not taken yet.
+    pub fn is_unsettled(&self) -> bool {
+        self.status.is_open() || self.undelivered_choice.is_some()
+    }
 }
 
 /// An answer on its way to the tool's `response_url`.

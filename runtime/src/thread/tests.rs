@@ -106,6 +106,42 @@ fn a_call_runs_to_completion_and_numbers_its_events() {
     assert_eq!(state.meta.counts.get(&CallStatus::Queued), Some(&0));
 }
 
+/// What recovery walks: a call is unsettled from its acceptance until
+/// nothing is owed, including a user's answer the tool has not taken.
+#[test]
+fn unsettled_calls_are_those_ferry_still_owes_something() {
+    use ferry_proto::rap::UserChoice;
+    let choice = Command::Callback(Callback::UserChoice(UserChoice {
+        group_id: G.into(),
+        id: "u".into(),
+        call_id: None,
+        prompt: "which?".into(),
+        choices: vec!["a".into(), "b".into()],
+        default: 0,
+        response_url: "http://tool/answer".into(),
+    }));
+    let state = check(vec![
+        (Command::Submit(new_call("c", json!({}))), Ok(&["call_accepted"])),
+        (Command::Submit(new_call("u", json!({}))), Ok(&["call_accepted"])),
+        (result("c", "done", false), Ok(&["tool_result"])),
+        (choice, Ok(&["user_choice"])),
+        (
+            Command::Choose {
+                id: "u".into(),
+                answer: Answer::Index(1),
+            },
+            Ok(&["choice_made"]),
+        ),
+        (result("u", "done", false), Ok(&["tool_result"])),
+    ]);
+    assert_eq!(status(&state, "u"), CallStatus::Completed);
+    assert_eq!(state.meta.unsettled, ["u".to_owned()].into(), "its answer is owed");
+    let mut state = state;
+    let delivered = decide(&state, &Command::ChoiceDelivered { id: "u".into() }).unwrap();
+    apply(&mut state, "t", delivered.changes);
+    assert!(state.meta.unsettled.is_empty());
+}
+
 #[test]
 fn resubmission_is_idempotent_and_a_different_body_conflicts() {
     check(vec![
