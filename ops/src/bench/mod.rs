@@ -276,7 +276,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     };
     let mut rows = Vec::new();
     for &callers in &args.concurrency {
-        rows.push(plan.compare("serve".into(), callers, &baseline, &ferry).await);
+        rows.push(
+            plan.compare("serve".into(), callers, &baseline, &ferry)
+                .await,
+        );
     }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
@@ -322,7 +325,13 @@ struct Plan {
 
 impl Plan {
     /// One level: the baseline and Ferry in alternating rounds, pooled.
-    async fn compare(&self, mode: String, callers: usize, baseline: &Baseline, ferry: &Ferry) -> Row {
+    async fn compare(
+        &self,
+        mode: String,
+        callers: usize,
+        baseline: &Baseline,
+        ferry: &Ferry,
+    ) -> Row {
         let (mut base, mut fer) = (Tally::default(), Tally::default());
         let mut round_ratios = vec![];
         for _ in 0..self.rounds {

@@ -162,7 +162,8 @@ impl Engine {
     /// Runs `command` against thread `group_id` and returns once its events
     /// are durable and visible to readers.
     pub async fn execute(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Await).await
+        self.execute_with(group_id, command, Durability::Await)
+            .await
     }
 
     /// Like [`Engine::execute`], but for a command nobody is answered on:

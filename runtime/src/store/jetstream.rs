@@ -512,7 +512,11 @@ impl Store for JetStreamStore {
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
         let mut out = vec![];
         for meta in self.threads().await? {
-            out.extend(meta.unsettled.into_iter().map(|id| (meta.group_id.clone(), id)));
+            out.extend(
+                meta.unsettled
+                    .into_iter()
+                    .map(|id| (meta.group_id.clone(), id)),
+            );
         }
         Ok(out)
     }

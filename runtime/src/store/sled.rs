@@ -225,7 +225,9 @@ fn last_commits(log: &sled::Tree) -> impl Iterator<Item = Result<Commit, Error>>
     let mut from = Bound::Unbounded;
     std::iter::from_fn(move || {
         let next = (|| {
-            let Some(entry) = log.range::<Vec<u8>, _>((from.clone(), Bound::Unbounded)).next()
+            let Some(entry) = log
+                .range::<Vec<u8>, _>((from.clone(), Bound::Unbounded))
+                .next()
             else {
                 return Ok(None);
             };
@@ -288,9 +290,10 @@ impl Store for SledStore {
                 .or_insert_with(|| Tip::new(write.expected_last_seq));
             tip.pending += 1;
         }
-        let appended = self
-            .log
-            .insert(keys::commit(group_id, commit.meta.last_seq), encode(&commit));
+        let appended = self.log.insert(
+            keys::commit(group_id, commit.meta.last_seq),
+            encode(&commit),
+        );
         if let Err(e) = appended {
             self.publish(group_id, write.expected_last_seq);
             return Err(backend(e));
@@ -521,10 +524,7 @@ mod tests {
     }
 
     fn with_status(id: &str, status: CallStatus) -> CallRecord {
-        CallRecord {
-            status,
-            ..call(id)
-        }
+        CallRecord { status, ..call(id) }
     }
 
     #[tokio::test]
@@ -587,12 +587,28 @@ mod tests {
         assert_eq!(state.calls["a"].status, CallStatus::Completed);
         assert_eq!(state.calls["b"].status, CallStatus::Queued);
         assert!(!state.calls.contains_key("x"));
-        let mut ids: Vec<_> = store.calls("g").await.unwrap().into_iter().map(|c| c.id).collect();
+        let mut ids: Vec<_> = store
+            .calls("g")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
         ids.sort();
         assert_eq!(ids, ["a", "b"]);
-        let events: Vec<u64> = store.events("g", 1, 10).await.unwrap().iter().map(|e| e.seq).collect();
+        let events: Vec<u64> = store
+            .events("g", 1, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
         assert_eq!(events, [2, 3]);
-        assert_eq!(store.events("g", 0, 2).await.unwrap().len(), 2, "limit holds");
+        assert_eq!(
+            store.events("g", 0, 2).await.unwrap().len(),
+            2,
+            "limit holds"
+        );
         let mut threads: Vec<_> = store
             .threads()
             .await
@@ -610,25 +626,42 @@ mod tests {
         tip.remember(&[event("g", 1), event("g", 2)]);
         tip.remember(&[event("g", 3)]);
         tip.durable.send_replace(2);
-        let seqs = |events: Option<Vec<Event>>| events.map(|e| e.iter().map(|e| e.seq).collect::<Vec<_>>());
-        assert_eq!(seqs(tip.events_after(0, 10)), Some(vec![1, 2]), "not past durable");
+        let seqs = |events: Option<Vec<Event>>| {
+            events.map(|e| e.iter().map(|e| e.seq).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            seqs(tip.events_after(0, 10)),
+            Some(vec![1, 2]),
+            "not past durable"
+        );
         assert_eq!(seqs(tip.events_after(1, 10)), Some(vec![2]));
         assert_eq!(seqs(tip.events_after(0, 1)), Some(vec![1]));
         // A gap (events written while nobody kept them) restarts memory.
         tip.remember(&[event("g", 7)]);
-        assert_eq!(seqs(tip.events_after(3, 10)), None, "6 and before are not in memory");
+        assert_eq!(
+            seqs(tip.events_after(3, 10)),
+            None,
+            "6 and before are not in memory"
+        );
         for seq in 8..8 + RECENT_EVENTS as u64 {
             tip.remember(&[event("g", seq)]);
         }
         assert_eq!(tip.recent.len(), RECENT_EVENTS);
         assert_eq!(seqs(tip.events_after(6, 10)), None, "7 fell out");
-        assert_eq!(seqs(tip.events_after(7, 10)), Some(vec![]), "8 on, none durable");
+        assert_eq!(
+            seqs(tip.events_after(7, 10)),
+            Some(vec![]),
+            "8 on, none durable"
+        );
     }
 
     #[tokio::test]
     async fn recovery_sees_unsettled_calls_and_not_finished_ones_also_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let expected = vec![("g".to_owned(), "b".to_owned()), ("h".to_owned(), "c".to_owned())];
+        let expected = vec![
+            ("g".to_owned(), "b".to_owned()),
+            ("h".to_owned(), "c".to_owned()),
+        ];
         {
             let store = SledStore::open(dir.path()).unwrap();
             commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;

@@ -121,8 +121,14 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         response_url: "http://tool/answer".into(),
     }));
     let state = check(vec![
-        (Command::Submit(new_call("c", json!({}))), Ok(&["call_accepted"])),
-        (Command::Submit(new_call("u", json!({}))), Ok(&["call_accepted"])),
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (
+            Command::Submit(new_call("u", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
         (result("c", "done", false), Ok(&["tool_result"])),
         (choice, Ok(&["user_choice"])),
         (
@@ -135,7 +141,11 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         (result("u", "done", false), Ok(&["tool_result"])),
     ]);
     assert_eq!(status(&state, "u"), CallStatus::Completed);
-    assert_eq!(state.meta.unsettled, ["u".to_owned()].into(), "its answer is owed");
+    assert_eq!(
+        state.meta.unsettled,
+        ["u".to_owned()].into(),
+        "its answer is owed"
+    );
     let mut state = state;
     let delivered = decide(&state, &Command::ChoiceDelivered { id: "u".into() }).unwrap();
     apply(&mut state, "t", delivered.changes);
