@@ -790,6 +790,24 @@ impl Ferry {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn zero_rounds_or_callers_are_refused_before_anything_starts() {
+        let args = |rounds, concurrency| BenchArgs {
+            duration: 1.0,
+            warmup: 0.0,
+            rounds,
+            concurrency,
+            json: false,
+            cluster: false,
+            nats_server: None,
+            nats_sync_interval: "always".into(),
+        };
+        let error = run(&args(0, vec![1])).await.expect_err("refused");
+        assert!(error.to_string().contains("--rounds"), "{error}");
+        let error = run(&args(1, vec![0])).await.expect_err("refused");
+        assert!(error.to_string().contains("--concurrency"), "{error}");
+    }
+
     #[test]
     fn percentile_is_nearest_rank() {
         let ms = |v: &[u64]| {

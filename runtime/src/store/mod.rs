@@ -13,6 +13,9 @@ pub mod sled;
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use tokio::sync::watch;
 
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
@@ -43,11 +46,32 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn new(receiver: watch::Receiver<u64>, on_drop: Box<dyn FnOnce() + Send + Sync>) -> Self {
+    fn new(receiver: watch::Receiver<u64>, on_drop: Box<dyn FnOnce() + Send + Sync>) -> Self {
         Self {
             receiver: Some(receiver),
             on_drop: Some(on_drop),
         }
+    }
+
+    /// A watch of `group_id` whose drop removes the thread's entry from a
+    /// store's `tips` once `idle` says nothing else holds it.
+    pub(crate) fn of_tip<T: Send + 'static>(
+        receiver: watch::Receiver<u64>,
+        tips: &Arc<Mutex<HashMap<String, T>>>,
+        group_id: &str,
+        idle: fn(&T) -> bool,
+    ) -> Self {
+        let (tips, group_id) = (Arc::downgrade(tips), group_id.to_owned());
+        Self::new(
+            receiver,
+            Box::new(move || {
+                let Some(tips) = tips.upgrade() else { return };
+                let mut tips = tips.lock().expect("tips lock");
+                if tips.get(&group_id).is_some_and(idle) {
+                    tips.remove(&group_id);
+                }
+            }),
+        )
     }
 }
 

@@ -393,20 +393,9 @@ impl Store for SledStore {
                 receiver
             }
         };
-        let (all, group_id) = (Arc::downgrade(&self.tips), group_id.to_owned());
-        Watch::new(
-            receiver,
-            Box::new(move || {
-                let Some(all) = all.upgrade() else { return };
-                let mut tips = all.lock().expect("tips lock");
-                if tips
-                    .get(&group_id)
-                    .is_some_and(|t| t.pending == 0 && t.durable.receiver_count() == 0)
-                {
-                    tips.remove(&group_id);
-                }
-            }),
-        )
+        Watch::of_tip(receiver, &self.tips, group_id, |t| {
+            t.pending == 0 && t.durable.receiver_count() == 0
+        })
     }
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
