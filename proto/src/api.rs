@@ -301,6 +301,25 @@ pub enum ResultOrigin {
 }
 
 impl EventKind {
+    /// Every `type` tag, in declaration order: what a reader may filter on.
+    pub const NAMES: [&'static str; 15] = [
+        "call_accepted",
+        "call_dispatched",
+        "tool_result",
+        "subscription_event",
+        "oauth",
+        "user_choice",
+        "view_update",
+        "approval_requested",
+        "approval_decided",
+        "grant_revoked",
+        "choice_made",
+        "choice_delivered",
+        "call_cancelled",
+        "subscription_cancelled",
+        "thread_closed",
+    ];
+
     /// The `type` tag.
     pub fn name(&self) -> &'static str {
         match self {

@@ -227,6 +227,77 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     }
 }
 
+/// `?types=` keeps only the wanted event types, on the stream and on the
+/// long poll; the others still advance the reader's position.
+#[tokio::test(flavor = "multi_thread")]
+async fn readers_can_ask_for_some_event_types_only() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    let mut results = SseReader::open(&api, "/v1/threads/g/stream?types=tool_result", None).await;
+    completed(&api, &tool, "g", "c1").await;
+    completed(&api, &tool, "g", "c2").await;
+    for (seq, id) in [(3, "c1"), (6, "c2")] {
+        let event = results.next().await;
+        assert_sse(&event, seq, "tool_result");
+        assert_eq!(event.data["id"], id);
+    }
+    // Resuming a filtered stream skips what it does not want.
+    let mut resumed = SseReader::open(
+        &api,
+        "/v1/threads/g/stream?types=call_accepted,tool_result",
+        Some("3"),
+    )
+    .await;
+    assert_sse(&resumed.next().await, 4, "call_accepted");
+    assert_sse(&resumed.next().await, 6, "tool_result");
+
+    let (status, page) = api
+        .get(&events_path("g", "after=0&types=call_dispatched"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [2, 5]);
+    assert_eq!(page["next_after"], 6);
+    // A page of unwanted events: empty, but the cursor moves past them.
+    let (_, page) = api
+        .get(&events_path("g", "after=0&limit=1&types=tool_result"))
+        .await;
+    assert_eq!(page, json!({"events": [], "next_after": 1}));
+
+    // A long poll waits through unwanted events for a wanted one.
+    let invocation = dispatched(&api, &tool, "g", "c3").await;
+    let poller = api.clone();
+    let poll = tokio::spawn(async move {
+        poller
+            .get(&events_path("g", "after=6&wait=10&types=tool_result"))
+            .await
+    });
+    send_result(&api, &invocation, "three").await;
+    let (status, page) = tokio::time::timeout(Duration::from_secs(8), poll)
+        .await
+        .expect("the long poll did not return on the wanted event")
+        .unwrap();
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [9], "{page}");
+    assert_eq!(page["next_after"], 9);
+
+    // Bad filters: 400, naming the problem.
+    for query in ["types=", "types=tool_result,nope", "types=TOOL_RESULT"] {
+        let answer = api.get(&events_path("g", query)).await;
+        refused(&answer, 400, "invalid_request");
+        let response = api
+            .client
+            .get(format!("{}/v1/threads/g/stream?{query}", api.base))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("an error body");
+        refused(&(status, body), 400, "invalid_request");
+    }
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(thread["last_seq"], 9, "{thread}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_event_has_the_documented_fields_and_dense_seqs() {
     let (tool, ferry) = setup().await;

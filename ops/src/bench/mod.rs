@@ -635,7 +635,7 @@ impl Baseline {
 
 /// A Ferry caller: the native API, each caller on its own thread, reading
 /// results the way an agent following its thread does: one SSE stream per
-/// thread, opened before the first call and kept.
+/// thread, opened before the first call and kept, asking for results only.
 #[derive(Clone)]
 struct Ferry {
     http: reqwest::Client,
@@ -742,7 +742,10 @@ impl Ferry {
             .clone();
         let mut stream = slot.lock().await;
         if stream.is_none() {
-            let url = format!("{}/v1/threads/{group_id}/stream", self.base(caller));
+            let url = format!(
+                "{}/v1/threads/{group_id}/stream?types=tool_result",
+                self.base(caller)
+            );
             *stream = Some(EventStream::open(&self.http, url).await?);
         }
         let stream = stream.as_mut().expect("opened above");

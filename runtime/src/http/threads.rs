@@ -6,12 +6,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::path::Path;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
-use ferry_proto::api::Event;
+use ferry_proto::api::{Event, EventKind};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
@@ -81,12 +83,53 @@ fn number<T: std::str::FromStr>(
         .transpose()
 }
 
-/// `GET /v1/threads/{group_id}/events?after=N&wait=S&limit=L`.
+/// `?types=tool_result,subscription_event`: the event types a reader
+/// wants; the others are skipped (their sequence numbers still advance the
+/// reader's position). An agent that only waits for results reads one event
+/// per call instead of three.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Types(Option<Vec<&'static str>>);
+
+impl Types {
+    fn parse(query: &HashMap<String, String>) -> Result<Self, ApiError> {
+        let Some(list) = query.get("types") else {
+            return Ok(Self(None));
+        };
+        let names = list
+            .split(',')
+            .map(|name| {
+                let name = name.trim();
+                EventKind::NAMES
+                    .into_iter()
+                    .find(|known| *known == name)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "types: {name:?} is not an event type (known: {})",
+                            EventKind::NAMES.join(", ")
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(Some(names)))
+    }
+
+    fn wants(&self, event: &Event) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|names| names.contains(&event.kind.name()))
+    }
+}
+
+/// `GET /v1/threads/{group_id}/events?after=N&wait=S&limit=L&types=T,U`.
+/// With `types`, a page holds the wanted events among the next `limit`,
+/// `next_after` is where the scan stopped, and a long-poll waits for a
+/// wanted event (or the deadline).
 pub async fn events(
     State(app): State<AppState>,
     Path(group_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    let types = Types::parse(&query)?;
     let after = number::<u64>(&query, "after")?.unwrap_or(0);
     let limit = number::<usize>(&query, "limit")?
         .unwrap_or(DEFAULT_LIMIT)
@@ -97,29 +140,37 @@ pub async fn events(
             "wait must be a non-negative number of seconds".into(),
         ));
     }
-    let events = app
-        .engine
-        .events(
-            &group_id,
-            after,
-            limit,
-            Duration::from_secs_f64(wait.min(3600.0)),
-        )
-        .await?;
-    let next = events.last().map_or(after, |e| e.seq);
-    Ok(Json(json!({"events": events, "next_after": next})))
+    let deadline = Instant::now() + Duration::from_secs_f64(wait.min(3600.0));
+    let mut next = after;
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let page = app.engine.events(&group_id, next, limit, wait).await?;
+        let Some(last) = page.last() else {
+            // Nothing new before the deadline.
+            return Ok(Json(json!({"events": [], "next_after": next})));
+        };
+        next = last.seq;
+        let events: Vec<Event> = page.into_iter().filter(|e| types.wants(e)).collect();
+        if !events.is_empty() || Instant::now() >= deadline {
+            return Ok(Json(json!({"events": events, "next_after": next})));
+        }
+    }
 }
 
 /// `GET /v1/threads/{group_id}/stream`: Server-Sent Events whose `id:` is
-/// the sequence number; resumes after `Last-Event-ID`, or `?after=`.
+/// the sequence number; resumes after `Last-Event-ID`, or `?after=`; only
+/// the `?types=` wanted, when given.
 pub async fn stream(
     State(app): State<AppState>,
     Path(group_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let types = Types::parse(&query)?;
     let after = resume_point(&headers, &query)?;
-    let events = follow(app.engine.clone(), group_id, after)?.map(to_sse);
+    let events = follow(app.engine.clone(), group_id, after)?
+        .filter(move |event| std::future::ready(types.wants(event)))
+        .map(to_sse);
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }
 
