@@ -103,6 +103,9 @@ pub struct Stats {
     pub calls_per_sec: f64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// This process's CPU time (user + system, every thread) in the
+    /// measured windows, per counted call.
+    pub cpu_us_per_call: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
 }
@@ -119,6 +122,11 @@ pub struct Row {
     pub ratio: f64,
     /// The same ratio in each round, to show its spread.
     pub round_ratios: Vec<f64>,
+    /// The baseline's CPU per call over Ferry's: what the calls/s ratio
+    /// would be if both got the same CPU. Steadier than the calls/s ratio
+    /// when the machine's speed drifts; only for `serve`, where all of
+    /// Ferry runs in this process.
+    pub cpu_ratio: Option<f64>,
 }
 
 /// Every level, with the run's parameters.
@@ -157,13 +165,13 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms |\n\
-             |---|---:|---:|---:|---:|---|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio |\n\
+             |---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
@@ -172,6 +180,8 @@ impl Report {
                 rounds.join(" "),
                 latency(&r.baseline),
                 latency(&r.ferry),
+                cpu(&r.baseline, &r.ferry),
+                r.cpu_ratio.map_or("-".into(), |x| format!("{x:.2}")),
             );
         }
         out += &format!(
@@ -211,6 +221,11 @@ fn latency(s: &Stats) -> String {
         (Some(p50), Some(p99)) => format!("{p50:.2} / {p99:.2}"),
         _ => "-".to_owned(),
     }
+}
+
+fn cpu(baseline: &Stats, ferry: &Stats) -> String {
+    let us = |s: &Stats| s.cpu_us_per_call.map_or("-".into(), |x| format!("{x:.0}"));
+    format!("{} / {}", us(baseline), us(ferry))
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of sorted samples: the smallest
@@ -332,6 +347,7 @@ impl Plan {
         baseline: &Baseline,
         ferry: &Ferry,
     ) -> Row {
+        let in_process = mode == "serve";
         let (mut base, mut fer) = (Tally::default(), Tally::default());
         let mut round_ratios = vec![];
         for _ in 0..self.rounds {
@@ -350,13 +366,23 @@ impl Plan {
             fer.merge(round_fer);
         }
         let window = self.duration * self.rounds as u32;
+        let baseline = summarize(base, window);
+        let mut ferry = summarize(fer, window);
+        if !in_process {
+            // Ferry's CPU is spent in other processes.
+            ferry.cpu_us_per_call = None;
+        }
         Row {
             mode,
             callers,
-            ratio: ratio(fer.latencies.len(), base.latencies.len()),
+            ratio: ratio(ferry.calls as usize, baseline.calls as usize),
             round_ratios,
-            baseline: summarize(base, window),
-            ferry: summarize(fer, window),
+            cpu_ratio: baseline
+                .cpu_us_per_call
+                .zip(ferry.cpu_us_per_call)
+                .map(|(b, f)| b / f),
+            baseline,
+            ferry,
         }
     }
 }
@@ -396,10 +422,13 @@ struct Tally {
     latencies: Vec<Duration>,
     errors: u64,
     first_error: Option<String>,
+    /// This process's CPU time in the measured window.
+    cpu: Duration,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
+        self.cpu += other.cpu;
         self.latencies.extend(other.latencies);
         self.errors += other.errors;
         self.first_error = self.first_error.take().or(other.first_error);
@@ -417,6 +446,12 @@ where
 {
     let begin = Instant::now() + warmup;
     let end = begin + duration;
+    let cpu = tokio::spawn(async move {
+        tokio::time::sleep_until(begin.into()).await;
+        let before = process_cpu();
+        tokio::time::sleep_until(end.into()).await;
+        process_cpu().saturating_sub(before)
+    });
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
             let call = call.clone();
@@ -450,7 +485,25 @@ where
             all.merge(t);
         }
     }
+    all.cpu = cpu.await.unwrap_or_default();
     all
+}
+
+/// User plus system CPU time of every thread of this process so far, from
+/// `/proc/self/stat` (in clock ticks of 1/100 s, Linux's fixed `USER_HZ`);
+/// zero where that file does not exist.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces: state is field 3, utime 14 and stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
 }
 
 fn summarize(mut tally: Tally, duration: Duration) -> Stats {
@@ -462,6 +515,8 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
         calls_per_sec: tally.latencies.len() as f64 / duration.as_secs_f64(),
         p50_ms: ms(50.0),
         p99_ms: ms(99.0),
+        cpu_us_per_call: (!tally.latencies.is_empty())
+            .then(|| tally.cpu.as_secs_f64() * 1e6 / tally.latencies.len() as f64),
         first_error: tally.first_error,
     }
 }
