@@ -13,24 +13,27 @@ use serde_json::Value;
 pub struct ThreadMeta {
     pub group_id: String,
     /// Ancestors, root first, as the first call in the thread named them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ancestors: Option<Vec<String>>,
     /// The sequence number of the thread's last event; 0 for a new thread.
     pub last_seq: u64,
     pub closed: bool,
     /// Calls whose result opened a subscription that is still active.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub active_subscriptions: BTreeSet<String>,
     /// Calls Ferry still owes something ([`CallRecord::is_unsettled`]):
     /// what recovery walks after a restart.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub unsettled: BTreeSet<String>,
     /// How many calls are in each status.
     pub counts: BTreeMap<CallStatus, u64>,
     /// The latest `view_update` content per `view_type`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub views: BTreeMap<String, Value>,
     /// Standing `allow_always`/`reject_always` decisions, by tool
     /// (`Toolset.tool`); they apply here and in threads that name this one
     /// among their `thread_ancestors`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub grants: BTreeMap<String, PermissionKind>,
     pub created_at: String,
     pub updated_at: String,
@@ -45,6 +48,7 @@ pub struct CallRecord {
     /// name).
     pub tool: String,
     /// `None` for built-in tools, which are never dispatched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<ToolTarget>,
     pub status: CallStatus,
     /// Dispatch attempts made until the tool acknowledged (or Ferry gave up).
@@ -52,21 +56,24 @@ pub struct CallRecord {
     pub accepted_seq: u64,
     pub created_at: String,
     pub updated_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<CallResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choice: Option<PendingChoice>,
     /// Subscription events recorded for this call.
     pub subscription_events: u64,
     /// A `final` subscription event arrived (possibly before the result).
     pub subscription_ended: bool,
     /// When a pending approval is rejected automatically (RFC 3339).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_deadline: Option<String>,
     /// How the approval gate was decided, when the tool is gated.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalRecord>,
     /// The user's answer to a `user_choice`, until the tool accepted it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered_choice: Option<ChoiceAnswer>,
 }
 
@@ -91,6 +98,7 @@ pub struct ChoiceAnswer {
 pub struct ApprovalRecord {
     pub option_id: PermissionKind,
     pub reviewer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub at: String,
 }
@@ -107,8 +115,11 @@ pub struct Submission {
     /// As the agent named it (bare or qualified).
     pub operation: String,
     pub arguments: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_ancestors: Option<Vec<String>>,
 }
 
