@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use ferry_runtime::bus::jetstream::JetStreamBus;
 use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
 use ferry_runtime::http::MetricsRender;
@@ -201,7 +202,7 @@ pub async fn start_runtime(
     info!(backlog = relay.backlog(), node, "relay started");
     let app = ferry_runtime::http::router_with(engine.clone(), metrics, relay.clone());
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(listener.tap_io(crate::serve::no_delay), app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serving HTTP")

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use ferry_runtime::bus::LocalBus;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::SledStore;
@@ -195,7 +196,7 @@ pub async fn start(
         .merge(ferry_runtime::oxp::router(engine.clone(), &options.oxp))
         .merge(ferry_runtime::mcp::router(engine.clone(), mcp));
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(listener.tap_io(no_delay), app)
             .with_graceful_shutdown(shutdown)
             .await
             .context("serving HTTP")?;
@@ -213,4 +214,12 @@ pub async fn start(
         },
         server,
     ))
+}
+
+/// Sends small writes (an SSE frame, a short answer) at once: with Nagle's
+/// algorithm a frame could wait for the peer's delayed ACK of the last one.
+pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
 }

@@ -19,6 +19,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use ferry_proto::api::{Event, EventKind, SubmitCall};
 use ferry_proto::rap::{Callback, Invocation, Manifest, ToolDef, ToolResult};
@@ -412,7 +413,7 @@ fn client() -> anyhow::Result<reqwest::Client> {
 async fn serve(router: Router) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(async move { axum::serve(listener.tap_io(crate::serve::no_delay), router).await });
     Ok(addr)
 }
 
