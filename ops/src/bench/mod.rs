@@ -123,6 +123,8 @@ pub struct Row {
     pub ratio: f64,
     /// The same ratio in each round, to show its spread.
     pub round_ratios: Vec<f64>,
+    /// Ferry's calls/s in each round.
+    pub round_calls_per_sec: Vec<f64>,
     /// The baseline's CPU per call over Ferry's: what the calls/s ratio
     /// would be if both got the same CPU. Steadier than the calls/s ratio
     /// when the machine's speed drifts; only for `serve`, where all of
@@ -166,17 +168,23 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio |\n\
-             |---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio |\n\
+             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
+            let rates: Vec<String> = r
+                .round_calls_per_sec
+                .iter()
+                .map(|x| format!("{x:.0}"))
+                .collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
                 r.ferry.calls_per_sec,
+                rates.join(" "),
                 r.ratio,
                 rounds.join(" "),
                 latency(&r.baseline),
@@ -300,7 +308,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     if args.cluster {
+        // Every shape runs at once (idle but for its turn), so that each
+        // round can measure them all in turn.
         let binary = cluster::nats_binary(args.nats_server.as_deref())?;
+        let (mut deployments, mut targets) = (vec![], vec![]);
         for (runtimes, workers) in CLUSTER_SHAPES {
             let deployment = cluster::deploy(
                 &binary,
@@ -318,11 +329,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 ..ferry.clone()
             };
             ferry.wait_registered().await?;
-            for &callers in &args.concurrency {
-                let mode = format!("cluster {runtimes}x{workers}");
-                rows.push(plan.compare(mode, callers, &baseline, &ferry).await);
-            }
+            deployments.push(deployment);
+            targets.push((format!("cluster {runtimes}x{workers}"), ferry));
         }
+        for &callers in &args.concurrency {
+            rows.extend(plan.compare_each(callers, &baseline, &targets).await);
+        }
+        drop(deployments);
     }
     Ok(Report {
         duration,
@@ -348,43 +361,73 @@ impl Plan {
         baseline: &Baseline,
         ferry: &Ferry,
     ) -> Row {
-        let in_process = mode == "serve";
-        let (mut base, mut fer) = (Tally::default(), Tally::default());
-        let mut round_ratios = vec![];
+        let mut rows = self
+            .compare_each(callers, baseline, &[(mode, ferry.clone())])
+            .await;
+        rows.pop().expect("one target, one row")
+    }
+
+    /// One level for several deployments of Ferry: each round measures
+    /// every deployment in turn, each beside its own baseline round, so a
+    /// drift of the machine's speed hits every deployment alike.
+    async fn compare_each(
+        &self,
+        callers: usize,
+        baseline: &Baseline,
+        targets: &[(String, Ferry)],
+    ) -> Vec<Row> {
+        let mut tallies: Vec<(Tally, Tally, Vec<f64>, Vec<f64>)> = targets
+            .iter()
+            .map(|_| (Tally::default(), Tally::default(), vec![], vec![]))
+            .collect();
         for _ in 0..self.rounds {
-            let b = baseline.clone();
-            let round_base = drive(callers, self.warmup, self.duration, move |c, n| {
-                b.clone().call(c, n)
-            })
-            .await;
-            let f = ferry.clone();
-            let round_fer = drive(callers, self.warmup, self.duration, move |c, n| {
-                f.clone().call(callers, c, n)
-            })
-            .await;
-            round_ratios.push(ratio(round_fer.latencies.len(), round_base.latencies.len()));
-            base.merge(round_base);
-            fer.merge(round_fer);
+            for ((_, ferry), (base, fer, round_ratios, round_rates)) in
+                targets.iter().zip(&mut tallies)
+            {
+                let b = baseline.clone();
+                let round_base = drive(callers, self.warmup, self.duration, move |c, n| {
+                    b.clone().call(c, n)
+                })
+                .await;
+                let f = ferry.clone();
+                let round_fer = drive(callers, self.warmup, self.duration, move |c, n| {
+                    f.clone().call(callers, c, n)
+                })
+                .await;
+                round_ratios.push(ratio(round_fer.latencies.len(), round_base.latencies.len()));
+                round_rates.push(round_fer.latencies.len() as f64 / self.duration.as_secs_f64());
+                base.merge(round_base);
+                fer.merge(round_fer);
+            }
         }
         let window = self.duration * self.rounds as u32;
-        let baseline = summarize(base, window);
-        let mut ferry = summarize(fer, window);
-        if !in_process {
-            // Ferry's CPU is spent in other processes.
-            ferry.cpu_us_per_call = None;
-        }
-        Row {
-            mode,
-            callers,
-            ratio: ratio(ferry.calls as usize, baseline.calls as usize),
-            round_ratios,
-            cpu_ratio: baseline
-                .cpu_us_per_call
-                .zip(ferry.cpu_us_per_call)
-                .map(|(b, f)| b / f),
-            baseline,
-            ferry,
-        }
+        targets
+            .iter()
+            .zip(tallies)
+            .map(
+                |((mode, _), (base, fer, round_ratios, round_calls_per_sec))| {
+                    let baseline = summarize(base, window);
+                    let mut ferry = summarize(fer, window);
+                    if mode != "serve" {
+                        // Ferry's CPU is spent in other processes.
+                        ferry.cpu_us_per_call = None;
+                    }
+                    Row {
+                        mode: mode.clone(),
+                        callers,
+                        ratio: ratio(ferry.calls as usize, baseline.calls as usize),
+                        round_ratios,
+                        round_calls_per_sec,
+                        cpu_ratio: baseline
+                            .cpu_us_per_call
+                            .zip(ferry.cpu_us_per_call)
+                            .map(|(b, f)| b / f),
+                        baseline,
+                        ferry,
+                    }
+                },
+            )
+            .collect()
     }
 }
 
