@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::log::Commit;
-use super::{Error, Store, Watch, Write};
+use super::{codec, Error, Store, Watch, Write};
 use crate::cluster::subjects;
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
@@ -76,10 +76,6 @@ pub struct JetStreamStore {
 
 fn backend(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(e.to_string())
-}
-
-fn corrupt(e: impl std::fmt::Display) -> Error {
-    Error::Corrupt(e.to_string())
 }
 
 impl JetStreamStore {
@@ -190,7 +186,7 @@ impl JetStreamStore {
             .await
         {
             Ok(message) => {
-                let commit: Commit = serde_json::from_slice(&message.payload).map_err(corrupt)?;
+                let commit: Commit = codec::decode(&message.payload)?;
                 self.remember(group_id, commit.meta.last_seq, message.sequence);
                 Ok(Some(Last {
                     stream_seq: message.sequence,
@@ -222,10 +218,7 @@ impl JetStreamStore {
             .direct_get_last_for_subject(subjects::call(group_id, id))
             .await
         {
-            Ok(message) => Ok(Some((
-                message.sequence,
-                serde_json::from_slice(&message.payload).map_err(corrupt)?,
-            ))),
+            Ok(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(backend(e)),
         }
@@ -260,11 +253,10 @@ impl JetStreamStore {
                 Some((stream_seq, _)) => *stream_seq,
                 None => 0,
             };
-            let body = serde_json::to_vec(&CallCopy {
+            let body = codec::encode(&CallCopy {
                 seq: commit.meta.last_seq,
                 call: call.clone(),
-            })
-            .expect("calls serialize");
+            });
             let mut headers = HeaderMap::new();
             headers.insert(
                 "Nats-Expected-Last-Subject-Sequence",
@@ -381,7 +373,7 @@ impl Store for JetStreamStore {
                 .await?;
         }
         let commit = Commit::of(&write);
-        let body = serde_json::to_vec(&commit).expect("commits serialize");
+        let body = codec::encode(&commit);
         let mut headers = HeaderMap::new();
         headers.insert(
             "Nats-Expected-Last-Subject-Sequence",
@@ -422,7 +414,7 @@ impl Store for JetStreamStore {
                 Err(e) => return Err(backend(e)),
             };
             from = message.sequence;
-            let commit: Commit = serde_json::from_slice(&message.payload).map_err(corrupt)?;
+            let commit: Commit = codec::decode(&message.payload)?;
             self.remember(group_id, commit.meta.last_seq, message.sequence);
             out.extend(commit.events.into_iter().filter(|e| e.seq > after));
         }
@@ -513,7 +505,7 @@ impl Store for JetStreamStore {
 
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = subjects::token(&format!("{}@{}", toolset.name, toolset.version));
-        let value = serde_json::to_vec(toolset).expect("toolsets serialize");
+        let value = codec::encode(toolset);
         self.toolsets
             .put(key, value.into())
             .await
@@ -533,7 +525,7 @@ impl Store for JetStreamStore {
         while let Some(key) = keys.next().await {
             let key = key.map_err(backend)?;
             if let Some(value) = self.toolsets.get(key).await.map_err(backend)? {
-                out.push(serde_json::from_slice(&value).map_err(corrupt)?);
+                out.push(codec::decode(&value)?);
             }
         }
         Ok(out)

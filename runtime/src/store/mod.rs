@@ -5,6 +5,7 @@
 //! **Invariant:** only the sled adapter (and a cluster node's outbox,
 //! `cluster::outbox`) opens sled.
 
+mod codec;
 pub(crate) mod commit;
 pub mod jetstream;
 mod keys;

@@ -26,10 +26,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::codec::{decode, encode};
 use async_trait::async_trait;
 use ferry_proto::api::Event;
 use lru::LruCache;
-use serde::{de::DeserializeOwned, Serialize};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use tokio::sync::watch;
 
@@ -48,12 +48,6 @@ const RECENT_EVENTS: usize = 128;
 /// Trees of the layout before this one (a journal beside per-record
 /// trees); a data directory holding them is refused, not misread.
 const OLD_LAYOUT_TREES: [&str; 3] = ["journal", "threads", "events"];
-
-/// Where the default tree names the encoding of the values, and this
-/// version's: a directory with data and another format (or none: the JSON
-/// of the first one-commit-per-command layout) is refused, not misread.
-const FORMAT_KEY: &[u8] = b"format";
-const FORMAT: &[u8] = b"commits/msgpack";
 
 pub struct SledStore {
     /// Owns the database; the group-commit task holds it only weakly.
@@ -133,17 +127,6 @@ fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
 
-/// Values are MessagePack with field names (so optional and added fields
-/// decode as JSON would): about a quarter smaller than JSON, and sled's
-/// cost per insert grows with the bytes it copies and rewrites.
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    rmp_serde::to_vec_named(value).expect("store records always serialize")
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    rmp_serde::from_slice(bytes).map_err(|e| Error::Corrupt(e.to_string()))
-}
-
 impl SledStore {
     /// Opens (or creates) the store in `dir`. Must be called inside a tokio
     /// runtime: it starts the group-commit task.
@@ -168,23 +151,6 @@ impl SledStore {
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let log = tree("log")?;
         let (calls, toolsets) = (tree("calls")?, tree("toolsets")?);
-        match db.get(FORMAT_KEY).map_err(backend)? {
-            Some(format) if format == FORMAT => {}
-            None if log.is_empty() && calls.is_empty() && toolsets.is_empty() => {
-                db.insert(FORMAT_KEY, FORMAT).map_err(backend)?;
-                db.flush().map_err(backend)?;
-            }
-            other => {
-                let format =
-                    other.map_or("JSON".into(), |f| String::from_utf8_lossy(&f).into_owned());
-                return Err(Error::Backend(format!(
-                    "{} was written by an older Ferry (its values are {format}, this version \
-                     reads {}): start with an empty --data directory",
-                    dir.display(),
-                    String::from_utf8_lossy(FORMAT)
-                )));
-            }
-        }
         let mut unsettled = BTreeSet::new();
         for last in last_commits(&log) {
             let meta = last?.meta;
@@ -715,33 +681,42 @@ mod tests {
         assert!(message.contains("older Ferry"), "{message}");
     }
 
-    /// The first one-commit-per-command layout stored JSON and no format.
+    /// The third session's layout stored JSON values: they still read, and
+    /// the thread goes on in MessagePack.
     #[tokio::test]
-    async fn a_directory_of_json_values_is_refused_and_a_current_one_opens() {
+    async fn json_values_of_an_earlier_version_still_read() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = sled::open(dir.path()).unwrap();
-            let log = db.open_tree("log").unwrap();
-            log.insert(keys::commit("g", 1), br#"{"meta":{}}"#.to_vec())
+            let store = SledStore::open(dir.path()).unwrap();
+            let mut state = ThreadState::new("g");
+            state.meta.last_seq = 1;
+            state.meta.unsettled.insert("a".into());
+            let call = with_status("a", CallStatus::Queued);
+            state.calls.insert("a".into(), call);
+            let events = [event("g", 1)];
+            let commit = Commit::of(&Write {
+                expected_last_seq: 0,
+                state: &state,
+                events: &events,
+            });
+            store
+                .log
+                .insert(keys::commit("g", 1), serde_json::to_vec(&commit).unwrap())
                 .unwrap();
-            db.flush().unwrap();
+            store._db.flush().unwrap();
         }
-        let message = open_when_unlocked(dir.path())
-            .await
-            .err()
-            .expect("refused")
-            .to_string();
-        assert!(
-            message.contains("older Ferry") && message.contains("JSON"),
-            "{message}"
+        let store = reopen(dir.path()).await;
+        assert_eq!(store.events("g", 0, 10).await.unwrap(), [event("g", 1)]);
+        assert_eq!(
+            store.open_calls().await.unwrap(),
+            [("g".to_owned(), "a".to_owned())]
         );
-
-        let fresh = tempfile::tempdir().unwrap();
-        drop(SledStore::open(fresh.path()).unwrap());
-        let store = open_when_unlocked(fresh.path()).await.expect("opens again");
-        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        commit(&store, "g", 2, &[with_status("b", CallStatus::Queued)]).await;
         drop(store);
-        let store = reopen(fresh.path()).await;
-        assert_eq!(store.load("g", &["a"]).await.unwrap().meta.last_seq, 1);
+        let store = reopen(dir.path()).await;
+        let state = store.load("g", &["a", "b"]).await.unwrap();
+        assert_eq!(state.meta.last_seq, 2);
+        assert_eq!(state.calls["a"].status, CallStatus::Queued, "from its copy");
+        assert_eq!(state.calls["b"].status, CallStatus::Queued);
     }
 }
