@@ -78,10 +78,23 @@ pub struct BenchArgs {
     /// such as `2m` (the default of NATS; durable only with R3).
     #[arg(long, default_value = "always")]
     pub nats_sync_interval: String,
+    /// The cluster shapes for --cluster, as NODESxWORKERS, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1x1,1x3,2x1,2x3", value_parser = shape)]
+    pub shapes: Vec<(usize, usize)>,
 }
 
-/// Cluster configurations measured by `--cluster`: (runtime nodes, workers).
-const CLUSTER_SHAPES: [(usize, usize); 4] = [(1, 1), (1, 3), (2, 1), (2, 3)];
+/// `2x3` → 2 runtime nodes and 3 workers, each at least 1.
+fn shape(text: &str) -> Result<(usize, usize), String> {
+    let parsed = text
+        .split_once('x')
+        .and_then(|(n, w)| Some((n.parse::<usize>().ok()?, w.parse::<usize>().ok()?)));
+    match parsed {
+        Some((nodes, workers)) if nodes >= 1 && workers >= 1 => Ok((nodes, workers)),
+        _ => Err(format!(
+            "{text:?} is not NODESxWORKERS (each at least 1), such as 2x3"
+        )),
+    }
+}
 
 /// Runs the bench and prints its report; the exit status does not depend on
 /// the ratio, because this is a measurement, not a test.
@@ -312,7 +325,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         // round can measure them all in turn.
         let binary = cluster::nats_binary(args.nats_server.as_deref())?;
         let (mut deployments, mut targets) = (vec![], vec![]);
-        for (runtimes, workers) in CLUSTER_SHAPES {
+        for &(runtimes, workers) in &args.shapes {
             let deployment = cluster::deploy(
                 &binary,
                 &args.nats_sync_interval,
@@ -903,11 +916,20 @@ mod tests {
             cluster: false,
             nats_server: None,
             nats_sync_interval: "always".into(),
+            shapes: vec![(1, 1)],
         };
         let error = run(&args(0, vec![1])).await.expect_err("refused");
         assert!(error.to_string().contains("--rounds"), "{error}");
         let error = run(&args(1, vec![0])).await.expect_err("refused");
         assert!(error.to_string().contains("--concurrency"), "{error}");
+    }
+
+    #[test]
+    fn shapes_are_nodes_by_workers_of_at_least_one() {
+        assert_eq!(shape("2x3"), Ok((2, 3)));
+        for bad in ["", "2", "x3", "2x", "0x1", "1x0", "-1x2", "2x3x4", "axb"] {
+            assert!(shape(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
