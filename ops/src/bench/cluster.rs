@@ -90,7 +90,14 @@ pub struct Deployment {
     pub bases: Vec<String>,
     tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _data: Vec<tempfile::TempDir>,
-    _nats: Nats,
+    nats: Nats,
+}
+
+impl Deployment {
+    /// The `nats-server` child's process id.
+    pub fn nats_pid(&self) -> u32 {
+        self.nats.child.id()
+    }
 }
 
 impl Drop for Deployment {
@@ -152,6 +159,6 @@ pub async fn deploy(
         bases,
         tasks,
         _data: data,
-        _nats: nats,
+        nats,
     })
 }

@@ -117,8 +117,9 @@ pub struct Stats {
     pub calls_per_sec: f64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
-    /// This process's CPU time (user + system, every thread) in the
-    /// measured windows, per counted call.
+    /// CPU time (user + system, every thread) of this process and, for a
+    /// cluster, its `nats-server`, in the measured windows, per counted
+    /// call.
     pub cpu_us_per_call: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
@@ -140,8 +141,7 @@ pub struct Row {
     pub round_calls_per_sec: Vec<f64>,
     /// The baseline's CPU per call over Ferry's: what the calls/s ratio
     /// would be if both got the same CPU. Steadier than the calls/s ratio
-    /// when the machine's speed drifts; only for `serve`, where all of
-    /// Ferry runs in this process.
+    /// when the machine's speed drifts.
     pub cpu_ratio: Option<f64>,
 }
 
@@ -304,6 +304,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
         streams: Arc::default(),
         calls: Arc::default(),
+        processes: vec![],
     };
     ferry.check_registered().await?;
     let baseline = Baseline {
@@ -339,6 +340,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
                 streams: Arc::default(),
                 calls: Arc::default(),
+                processes: vec![deployment.nats_pid()],
                 ..ferry.clone()
             };
             ferry.wait_registered().await?;
@@ -398,12 +400,13 @@ impl Plan {
                 targets.iter().zip(&mut tallies)
             {
                 let b = baseline.clone();
-                let round_base = drive(callers, self.warmup, self.duration, move |c, n| {
+                let round_base = drive(callers, self.warmup, self.duration, &[], move |c, n| {
                     b.clone().call(c, n)
                 })
                 .await;
                 let f = ferry.clone();
-                let round_fer = drive(callers, self.warmup, self.duration, move |c, n| {
+                let others = ferry.processes.clone();
+                let round_fer = drive(callers, self.warmup, self.duration, &others, move |c, n| {
                     f.clone().call(callers, c, n)
                 })
                 .await;
@@ -420,11 +423,7 @@ impl Plan {
             .map(
                 |((mode, _), (base, fer, round_ratios, round_calls_per_sec))| {
                     let baseline = summarize(base, window);
-                    let mut ferry = summarize(fer, window);
-                    if mode != "serve" {
-                        // Ferry's CPU is spent in other processes.
-                        ferry.cpu_us_per_call = None;
-                    }
+                    let ferry = summarize(fer, window);
                     Row {
                         mode: mode.clone(),
                         callers,
@@ -496,18 +495,28 @@ impl Tally {
 /// duration. A call counts if it ends inside the measured window; its
 /// latency is from just before it started to its end. No new call starts
 /// once the window is over.
-async fn drive<F, Fut>(callers: usize, warmup: Duration, duration: Duration, call: F) -> Tally
+async fn drive<F, Fut>(
+    callers: usize,
+    warmup: Duration,
+    duration: Duration,
+    others: &[u32],
+    call: F,
+) -> Tally
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send,
 {
     let begin = Instant::now() + warmup;
     let end = begin + duration;
+    let processes: Vec<String> = std::iter::once("self".to_owned())
+        .chain(others.iter().map(u32::to_string))
+        .collect();
     let cpu = tokio::spawn(async move {
+        let total = || processes.iter().map(|p| process_cpu(p)).sum::<Duration>();
         tokio::time::sleep_until(begin.into()).await;
-        let before = process_cpu();
+        let before = total();
         tokio::time::sleep_until(end.into()).await;
-        process_cpu().saturating_sub(before)
+        total().saturating_sub(before)
     });
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
@@ -546,11 +555,11 @@ where
     all
 }
 
-/// User plus system CPU time of every thread of this process so far, from
-/// `/proc/self/stat` (in clock ticks of 1/100 s, Linux's fixed `USER_HZ`);
-/// zero where that file does not exist.
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// User plus system CPU time of every thread of a process (`self` or a
+/// pid) so far, from `/proc/{process}/stat` (in clock ticks of 1/100 s,
+/// Linux's fixed `USER_HZ`); zero where that file does not exist.
+fn process_cpu(process: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
     // The fields after the command name, which is in parentheses and may
     // hold spaces: state is field 3, utime 14 and stime 15.
     let fields: Vec<&str> = stat
@@ -760,6 +769,9 @@ struct Ferry {
     streams: Arc<Mutex<HashMap<(usize, usize), StreamSlot>>>,
     /// Numbers call ids, unique across rounds.
     calls: Arc<AtomicU64>,
+    /// Other processes doing Ferry's work (a cluster's `nats-server`),
+    /// whose CPU time counts with this process's.
+    processes: Vec<u32>,
 }
 
 /// A caller's stream, opened on its first call.
