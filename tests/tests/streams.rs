@@ -166,6 +166,17 @@ fn assert_sse(sse: &Sse, seq: u64, kind: &str) {
     assert_eq!(sse.data["group_id"], "g", "{sse:?}");
 }
 
+/// Opens a stream that should be refused: its status and error body.
+async fn open_refused(api: &Api, path: &str, last_event_id: Option<&str>) -> (u16, Value) {
+    let mut request = api.client.get(format!("{}{path}", api.base));
+    if let Some(value) = last_event_id {
+        request = request.header("last-event-id", value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("an error body"))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     let (tool, ferry) = setup().await;
@@ -214,16 +225,8 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
     }
 
     for (query, header) in [("", Some("abc")), ("?after=abc", None)] {
-        let mut request = api
-            .client
-            .get(format!("{}/v1/threads/g/stream{query}", api.base));
-        if let Some(value) = header {
-            request = request.header("last-event-id", value);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.expect("an error body");
-        refused(&(status, body), 400, "invalid_request");
+        let answer = open_refused(&api, &format!("/v1/threads/g/stream{query}"), header).await;
+        refused(&answer, 400, "invalid_request");
     }
 }
 
@@ -284,15 +287,8 @@ async fn readers_can_ask_for_some_event_types_only() {
     for query in ["types=", "types=tool_result,nope", "types=TOOL_RESULT"] {
         let answer = api.get(&events_path("g", query)).await;
         refused(&answer, 400, "invalid_request");
-        let response = api
-            .client
-            .get(format!("{}/v1/threads/g/stream?{query}", api.base))
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.expect("an error body");
-        refused(&(status, body), 400, "invalid_request");
+        let answer = open_refused(&api, &format!("/v1/threads/g/stream?{query}"), None).await;
+        refused(&answer, 400, "invalid_request");
     }
     let (_, thread) = api.thread("g").await;
     assert_eq!(thread["last_seq"], 9, "{thread}");
