@@ -420,6 +420,35 @@ async fn subscriptions_overtaking_results_and_cancel_across_nodes() {
     );
 }
 
+/// A subscription outlives later calls in its thread, so its record is
+/// copied each time the thread moves on from it: every copy after the
+/// first replaces an older one, and reads see the newest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_copied_again_reads_back_as_of_its_last_change() {
+    let c = Cluster::start(2).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let url = path_of(&c.dispatched(&a, "g", "s").await);
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "subscribed", "subscription": true});
+    let (status, body) = a.post(&url, &opened).await;
+    assert_eq!(status, 200, "{body}");
+    for (n, later) in ["c1", "c2", "c3"].into_iter().enumerate() {
+        // The thread moves on from `s` (its copy is written)...
+        c.dispatched(&a, "g", later).await;
+        // ...then `s` changes again.
+        let event = json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": format!("tick {n}"), "final": false});
+        let (status, body) = b.post(&url, &event).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Moved on from once more: its newest record is only in its copy.
+    c.dispatched(&a, "g", "c4").await;
+    for node in [&a, &b] {
+        let (status, call) = node.call("g", "s").await;
+        assert_eq!(status, 200, "{call}");
+        assert_eq!(call["status"], "subscribed", "{call}");
+        assert_eq!(call["subscription"]["events"], 3, "{call}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
     let mut nats = ferry_tests::NatsCluster::start().await;

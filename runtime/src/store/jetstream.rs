@@ -239,7 +239,9 @@ impl JetStreamStore {
 
     /// Copies a commit's calls to their own subjects, except those in
     /// `carried` (the next commit holds them) and those with a copy at
-    /// least as new.
+    /// least as new. Most calls are copied once, so the first attempt
+    /// expects no copy yet (no read); a conflict reads the copy there and
+    /// tries again against it, unless it is as new as ours.
     async fn copy_calls(
         &self,
         group_id: &str,
@@ -247,28 +249,28 @@ impl JetStreamStore {
         carried: &HashMap<String, CallRecord>,
     ) -> Result<(), Error> {
         for call in commit.moved_on(carried) {
-            let existing = self.copy(group_id, &call.id).await?;
-            let expected = match &existing {
-                Some((_, c)) if c.seq >= commit.meta.last_seq => continue,
-                Some((stream_seq, _)) => *stream_seq,
-                None => 0,
-            };
-            let body = codec::encode(&CallCopy {
+            let subject = subjects::call(group_id, &call.id);
+            let body: Bytes = codec::encode(&CallCopy {
                 seq: commit.meta.last_seq,
                 call: call.clone(),
-            });
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                "Nats-Expected-Last-Subject-Sequence",
-                expected.to_string().as_str(),
-            );
-            match self
-                .publish(subjects::call(group_id, &call.id), headers, body.into())
-                .await
-            {
-                // Someone else copied it (the same or a newer version).
-                Err(Error::Conflict(_)) | Ok(()) => {}
-                Err(e) => return Err(e),
+            })
+            .into();
+            let mut expected = 0;
+            loop {
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    "Nats-Expected-Last-Subject-Sequence",
+                    expected.to_string().as_str(),
+                );
+                match self.publish(subject.clone(), headers, body.clone()).await {
+                    Ok(()) => break,
+                    Err(Error::Conflict(_)) => match self.copy(group_id, &call.id).await? {
+                        Some((_, c)) if c.seq >= commit.meta.last_seq => break,
+                        Some((stream_seq, _)) => expected = stream_seq,
+                        None => expected = 0,
+                    },
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(())
