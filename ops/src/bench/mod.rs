@@ -478,7 +478,8 @@ struct Tally {
     latencies: Vec<Duration>,
     errors: u64,
     first_error: Option<String>,
-    /// This process's CPU time in the measured window.
+    /// CPU time of this process (and the processes doing Ferry's work
+    /// beside it) in the measured window.
     cpu: Duration,
 }
 
@@ -559,9 +560,13 @@ where
 /// pid) so far, from `/proc/{process}/stat` (in clock ticks of 1/100 s,
 /// Linux's fixed `USER_HZ`); zero where that file does not exist.
 fn process_cpu(process: &str) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
+    cpu_of_stat(&std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default())
+}
+
+/// utime + stime of a `/proc/{pid}/stat` line.
+fn cpu_of_stat(stat: &str) -> Duration {
     // The fields after the command name, which is in parentheses and may
-    // hold spaces: state is field 3, utime 14 and stime 15.
+    // hold spaces or parentheses: state is field 3, utime 14 and stime 15.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
@@ -934,6 +939,13 @@ mod tests {
         assert!(error.to_string().contains("--rounds"), "{error}");
         let error = run(&args(1, vec![0])).await.expect_err("refused");
         assert!(error.to_string().contains("--concurrency"), "{error}");
+    }
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_whatever_the_command_name() {
+        let stat = "4242 (tokio (rt) 1) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 9";
+        assert_eq!(cpu_of_stat(stat), Duration::from_millis(1750));
+        assert_eq!(cpu_of_stat(""), Duration::ZERO);
     }
 
     #[test]

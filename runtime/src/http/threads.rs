@@ -6,8 +6,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::path::Path;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -16,6 +14,7 @@ use axum::Json;
 use ferry_proto::api::{Event, EventKind};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use super::views::{CallView, ThreadView};
 use super::{journaled, unexpected, ApiError, AppState};

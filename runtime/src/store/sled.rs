@@ -26,13 +26,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::codec::{decode, encode};
 use async_trait::async_trait;
 use ferry_proto::api::Event;
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use tokio::sync::watch;
 
+use super::codec::{decode, encode};
 use super::commit::GroupCommit;
 use super::log::{Commit, CommitEvents};
 use super::{keys, Error, Store, Watch, Write};
