@@ -256,7 +256,9 @@ impl JetStreamStore {
             })
             .into();
             let mut expected = 0;
+            let mut attempts = 0;
             loop {
+                attempts += 1;
                 let mut headers = HeaderMap::new();
                 headers.insert(
                     "Nats-Expected-Last-Subject-Sequence",
@@ -264,6 +266,9 @@ impl JetStreamStore {
                 );
                 match self.publish(subject.clone(), headers, body.clone()).await {
                     Ok(()) => break,
+                    // Copies racing without end: give up like a lost commit
+                    // race, and let the command be decided again.
+                    Err(e @ Error::Conflict(_)) if attempts >= 8 => return Err(e),
                     Err(Error::Conflict(_)) => match self.copy(group_id, &call.id).await? {
                         Some((_, c)) if c.seq >= commit.meta.last_seq => break,
                         Some((stream_seq, _)) => expected = stream_seq,
