@@ -269,11 +269,18 @@ async fn readers_can_ask_for_some_event_types_only() {
     // A long poll waits through unwanted events for a wanted one.
     let invocation = dispatched(&api, &tool, "g", "c3").await;
     let poller = api.clone();
-    let poll = tokio::spawn(async move {
+    let mut poll = tokio::spawn(async move {
         poller
             .get(&events_path("g", "after=6&wait=10&types=tool_result"))
             .await
     });
+    // Not a synchronisation: seqs 7 and 8 are there already, and the poll
+    // must not answer with them filtered away (an empty page).
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut poll).await;
+    assert!(
+        early.is_err(),
+        "the poll answered before a result: {early:?}"
+    );
     send_result(&api, &invocation, "three").await;
     let (status, page) = tokio::time::timeout(Duration::from_secs(8), poll)
         .await
