@@ -88,31 +88,14 @@ pub(crate) mod tests {
 
     /// A queued call, for store tests.
     pub(crate) fn call(id: &str) -> CallRecord {
-        CallRecord {
-            id: id.into(),
-            submission: Submission {
-                operation: "t".into(),
-                arguments: serde_json::json!({}),
-                call_id: None,
-                user_id: None,
-                thread_ancestors: None,
-            },
-            tool: "T.t@1.0.0".into(),
-            target: None,
-            status: CallStatus::Queued,
-            attempts: 0,
-            accepted_seq: 1,
-            created_at: String::new(),
-            updated_at: String::new(),
-            result: None,
-            auth_url: None,
-            choice: None,
-            subscription_events: 0,
-            subscription_ended: false,
-            approval_deadline: None,
-            approval: None,
-            undelivered_choice: None,
-        }
+        let submission = Submission {
+            operation: "t".into(),
+            arguments: serde_json::json!({}),
+            call_id: None,
+            user_id: None,
+            thread_ancestors: None,
+        };
+        CallRecord::queued(id, submission, "T.t@1.0.0".into(), None, 1, "")
     }
 
     #[test]

@@ -91,7 +91,7 @@ impl Tip {
         }
     }
 
-    fn remember(&mut self, events: &[Event]) {
+    fn remember(&mut self, events: Vec<Event>) {
         let follows = match (self.recent.back(), events.first()) {
             (Some(back), Some(first)) => back.seq + 1 == first.seq,
             _ => true,
@@ -99,7 +99,7 @@ impl Tip {
         if !follows {
             self.recent.clear();
         }
-        self.recent.extend(events.iter().cloned());
+        self.recent.extend(events);
         let excess = self.recent.len().saturating_sub(RECENT_EVENTS);
         self.recent.drain(..excess);
     }
@@ -275,7 +275,7 @@ impl Store for SledStore {
                     .map_err(backend)?;
             }
         }
-        let commit = Commit::of(&write);
+        let mut commit = Commit::of(&write);
         {
             let mut tips = self.tips.lock().expect("tips lock");
             let tip = tips
@@ -291,8 +291,10 @@ impl Store for SledStore {
             self.publish(group_id, write.expected_last_seq);
             return Err(backend(e));
         }
+        // The events move to the tip; the cached commit keeps none.
+        let events = std::mem::take(&mut commit.events);
         if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
-            tip.remember(&commit.events);
+            tip.remember(events);
         }
         {
             let mut unsettled = self.unsettled.lock().expect("unsettled lock");
@@ -304,7 +306,7 @@ impl Store for SledStore {
                 unsettled.insert((group_id.to_owned(), id.clone()));
             }
         }
-        self.remember(group_id, Arc::new(without_events(commit)));
+        self.remember(group_id, Arc::new(commit));
         Ok(())
     }
 
@@ -612,8 +614,8 @@ mod tests {
     #[test]
     fn a_tip_serves_durable_events_from_memory_only_when_it_holds_them_all() {
         let mut tip = Tip::new(0);
-        tip.remember(&[event("g", 1), event("g", 2)]);
-        tip.remember(&[event("g", 3)]);
+        tip.remember(vec![event("g", 1), event("g", 2)]);
+        tip.remember(vec![event("g", 3)]);
         tip.durable.send_replace(2);
         let seqs = |events: Option<Vec<Event>>| {
             events.map(|e| e.iter().map(|e| e.seq).collect::<Vec<_>>())
@@ -626,14 +628,14 @@ mod tests {
         assert_eq!(seqs(tip.events_after(1, 10)), Some(vec![2]));
         assert_eq!(seqs(tip.events_after(0, 1)), Some(vec![1]));
         // A gap (events written while nobody kept them) restarts memory.
-        tip.remember(&[event("g", 7)]);
+        tip.remember(vec![event("g", 7)]);
         assert_eq!(
             seqs(tip.events_after(3, 10)),
             None,
             "6 and before are not in memory"
         );
         for seq in 8..8 + RECENT_EVENTS as u64 {
-            tip.remember(&[event("g", seq)]);
+            tip.remember(vec![event("g", seq)]);
         }
         assert_eq!(tip.recent.len(), RECENT_EVENTS);
         assert_eq!(seqs(tip.events_after(6, 10)), None, "7 fell out");

@@ -48,31 +48,21 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 meta.ancestors = thread_ancestors.clone();
             }
             *meta.counts.entry(CallStatus::Queued).or_default() += 1;
-            let record = CallRecord {
-                id: id.to_owned(),
-                submission: Submission {
-                    operation: operation.clone(),
-                    arguments: arguments.clone(),
-                    call_id: call_id.clone(),
-                    user_id: user_id.clone(),
-                    thread_ancestors: thread_ancestors.clone(),
-                },
-                tool: tool.clone(),
-                target: target.clone(),
-                status: CallStatus::Queued,
-                attempts: 0,
-                accepted_seq: event.seq,
-                created_at: event.at.clone(),
-                updated_at: event.at.clone(),
-                result: None,
-                auth_url: None,
-                choice: None,
-                subscription_events: 0,
-                subscription_ended: false,
-                approval_deadline: None,
-                approval: None,
-                undelivered_choice: None,
+            let submission = Submission {
+                operation: operation.clone(),
+                arguments: arguments.clone(),
+                call_id: call_id.clone(),
+                user_id: user_id.clone(),
+                thread_ancestors: thread_ancestors.clone(),
             };
+            let record = CallRecord::queued(
+                id,
+                submission,
+                tool.clone(),
+                target.clone(),
+                event.seq,
+                &event.at,
+            );
             meta.unsettled.insert(id.to_owned());
             state.calls.insert(id.to_owned(), record);
         }

@@ -78,6 +78,37 @@ pub struct CallRecord {
 }
 
 impl CallRecord {
+    /// A call just accepted: queued, never dispatched, nothing known yet
+    /// but what was submitted, at the event (`seq`, `at`) that accepted it.
+    pub fn queued(
+        id: &str,
+        submission: Submission,
+        tool: String,
+        target: Option<ToolTarget>,
+        seq: u64,
+        at: &str,
+    ) -> Self {
+        Self {
+            id: id.to_owned(),
+            submission,
+            tool,
+            target,
+            status: CallStatus::Queued,
+            attempts: 0,
+            accepted_seq: seq,
+            created_at: at.to_owned(),
+            updated_at: at.to_owned(),
+            result: None,
+            auth_url: None,
+            choice: None,
+            subscription_events: 0,
+            subscription_ended: false,
+            approval_deadline: None,
+            approval: None,
+            undelivered_choice: None,
+        }
+    }
+
     /// Whether Ferry still owes the call something: it is open (queued,
     /// dispatched, waiting, subscribed, pending approval), or it holds a
     /// user's answer the tool has not taken yet.
