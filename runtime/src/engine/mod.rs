@@ -167,7 +167,8 @@ impl Engine {
     }
 
     /// Like [`Engine::execute`], but for a command nobody is answered on:
-    /// returns once the events are written, and shows them to readers once
+    /// returns once the events are written (or held back by the store, to
+    /// ride with the thread's next write), and shows them to readers once
     /// a later flush made them durable. A crash before that flush loses
     /// them, which must be harmless (a lost `call_dispatched` means the
     /// call is dispatched again: invariant 4 allows it).
@@ -202,14 +203,15 @@ impl Engine {
                     state,
                 });
             }
-            let written = self
-                .store
-                .write(Write {
-                    expected_last_seq,
-                    state: &state,
-                    events: &events,
-                })
-                .await;
+            let write = Write {
+                expected_last_seq,
+                state: &state,
+                events: &events,
+            };
+            let written = match durability {
+                Durability::Await => self.store.write(write).await,
+                Durability::Background => self.store.write_held(write).await,
+            };
             drop(guard);
             match written {
                 Err(store::Error::Conflict(_)) => {
@@ -227,7 +229,12 @@ impl Engine {
                 let (store, group_id) = (self.store.clone(), group_id.to_owned());
                 let (durable, expected) = (state.meta.last_seq, expected_last_seq);
                 tokio::spawn(async move {
-                    let flushed = store.flush().await.is_ok();
+                    let hold = store.hold_back();
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
+                    let flushed =
+                        store.settle(&group_id).await.is_ok() && store.flush().await.is_ok();
                     store.publish(&group_id, if flushed { durable } else { expected });
                 });
                 return Ok(Executed {

@@ -118,6 +118,28 @@ pub trait Store: Send + Sync + 'static {
     /// durable until [`Store::flush`] returns.
     async fn write(&self, write: Write<'_>) -> Result<(), Error>;
 
+    /// Like [`Store::write`], for a command nobody waits on: the store may
+    /// hold the commit back for up to [`Store::hold_back`], so that the
+    /// thread's next write carries its events in one append. Loads see it
+    /// at once; readers see its events once a flush after [`Store::settle`]
+    /// made them durable.
+    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
+        self.write(write).await
+    }
+
+    /// How long [`Store::write_held`] may hold a commit back; zero when it
+    /// writes at once.
+    fn hold_back(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// Writes the thread's held commit, if any is still held; once it
+    /// returns, a [`Store::flush`] makes every held write of the thread
+    /// durable.
+    async fn settle(&self, _group_id: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Returns once everything written before the call is durable. Calls
     /// made concurrently share one fsync (group commit).
     async fn flush(&self) -> Result<(), Error>;

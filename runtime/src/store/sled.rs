@@ -45,6 +45,13 @@ const CACHED_THREADS: usize = 4096;
 /// Events per watched or written thread kept in memory for its followers.
 const RECENT_EVENTS: usize = 128;
 
+/// How long a commit nobody waits on (`call_dispatched`) is held back
+/// before it is written on its own. A tool that answers at once calls back
+/// within this time, and the result's write carries the held events too:
+/// one sled insert instead of two. Readers see the held events this much
+/// later at most (after a flush, like any other).
+const HOLD_BACK: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Trees of the layout before this one (a journal beside per-record
 /// trees); a data directory holding them is refused, not misread.
 const OLD_LAYOUT_TREES: [&str; 3] = ["journal", "threads", "events"];
@@ -66,6 +73,11 @@ pub struct SledStore {
     last: Mutex<LruCache<String, Arc<Commit>>>,
     /// Every thread's unsettled calls, as `(group_id, id)`.
     unsettled: Mutex<BTreeSet<(String, String)>>,
+    /// Commits held back ([`Store::write_held`]), by thread, not yet in
+    /// sled: the thread's next write carries their events, or `settle`
+    /// writes them. Whoever takes one holds this lock until it is inserted,
+    /// so a flush that starts after `settle` covers it either way.
+    held: Mutex<HashMap<String, Commit>>,
     /// Set when a flush failed: sled's memory may hold writes its disk does
     /// not, and commands built on them could be lost in a crash after being
     /// answered. Every later write is refused until a restart.
@@ -169,6 +181,7 @@ impl SledStore {
                 NonZeroUsize::new(CACHED_THREADS).expect("not zero"),
             )),
             unsettled: Mutex::new(unsettled),
+            held: Mutex::default(),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -208,6 +221,119 @@ impl SledStore {
         match last.as_ref().and_then(|l| l.call(id)) {
             Some(call) => Ok(Some(call.clone())),
             None => self.copy(group_id, id),
+        }
+    }
+
+    /// Appends a command's commit, or holds it back (`hold`) for the
+    /// thread's next write to carry. Callers serialise writes per thread
+    /// (the engine's lock), and only this process can open the sled
+    /// directory, so checking the last commit and then appending is a sound
+    /// compare-and-set.
+    fn append(&self, write: Write<'_>, hold: bool) -> Result<(), Error> {
+        let group_id = write.state.meta.group_id.as_str();
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Backend(
+                "an earlier write or flush failed; restart Ferry to recover the store".into(),
+            ));
+        }
+        let last = self.last_commit(group_id)?;
+        if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
+            return Err(Error::Conflict(group_id.to_owned()));
+        }
+        if let Some(last) = &last {
+            for call in last.moved_on(&write.state.calls) {
+                self.calls
+                    .insert(keys::call(group_id, &call.id), encode(call))
+                    .map_err(backend)?;
+            }
+        }
+        let mut commit = Commit::of(&write);
+        {
+            let mut tips = self.tips.lock().expect("tips lock");
+            let tip = tips
+                .entry(group_id.to_owned())
+                .or_insert_with(|| Tip::new(write.expected_last_seq));
+            tip.pending += 1;
+        }
+        let own = commit.events.len();
+        let appended = {
+            let mut held = self.held.lock().expect("held lock");
+            match held.remove(group_id) {
+                // The held events come first. The lock is kept until the
+                // insert, so a `settle` that finds nothing held returns only
+                // once the events it was for are in sled.
+                Some(earlier) => {
+                    commit.events.splice(0..0, earlier.events);
+                    if hold {
+                        held.insert(group_id.to_owned(), commit.clone());
+                        Ok(())
+                    } else {
+                        self.insert_commit(group_id, &commit)
+                    }
+                }
+                None if hold => {
+                    held.insert(group_id.to_owned(), commit.clone());
+                    Ok(())
+                }
+                None => {
+                    drop(held);
+                    self.insert_commit(group_id, &commit)
+                }
+            }
+        };
+        if let Err(e) = appended {
+            self.publish(group_id, write.expected_last_seq);
+            return Err(e);
+        }
+        // This write's events move to the tip (held ones are there
+        // already); the cached commit keeps none.
+        let events = commit.events.split_off(commit.events.len() - own);
+        commit.events = vec![];
+        if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
+            tip.remember(events);
+        }
+        {
+            let mut unsettled = self.unsettled.lock().expect("unsettled lock");
+            let before = last.iter().flat_map(|l| &l.meta.unsettled);
+            for id in before.filter(|id| !commit.meta.unsettled.contains(*id)) {
+                unsettled.remove(&(group_id.to_owned(), id.clone()));
+            }
+            for id in &commit.meta.unsettled {
+                unsettled.insert((group_id.to_owned(), id.clone()));
+            }
+        }
+        self.remember(group_id, Arc::new(commit));
+        Ok(())
+    }
+
+    /// Inserts a commit into the log. A failure poisons the store: the
+    /// cached last commit (and any held events) would no longer match
+    /// sled, and the next write could leave a gap in the thread's log.
+    fn insert_commit(&self, group_id: &str, commit: &Commit) -> Result<(), Error> {
+        let key = keys::commit(group_id, commit.meta.last_seq);
+        if let Err(e) = self.log.insert(key, encode(commit)) {
+            self.poisoned.store(true, Ordering::SeqCst);
+            return Err(backend(e));
+        }
+        Ok(())
+    }
+}
+
+/// Held commits are written on a clean shutdown rather than lost (a crash
+/// loses them, which only means their calls are dispatched again).
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        let held = std::mem::take(&mut *self.held.lock().expect("held lock"));
+        if held.is_empty() {
+            return;
+        }
+        for (group_id, commit) in &held {
+            if self.insert_commit(group_id, commit).is_err() {
+                return;
+            }
+        }
+        if let Err(e) = self._db.flush() {
+            tracing::warn!(error = %e, "could not flush held commits at shutdown");
         }
     }
 }
@@ -254,59 +380,23 @@ impl Store for SledStore {
         })
     }
 
-    /// Callers serialise writes per thread (the engine's lock), and only
-    /// this process can open the sled directory, so checking the last
-    /// commit and then appending is a sound compare-and-set.
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
-        let group_id = write.state.meta.group_id.as_str();
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Backend(
-                "an earlier flush failed; restart Ferry to recover the store".into(),
-            ));
+        self.append(write, false)
+    }
+
+    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
+        self.append(write, true)
+    }
+
+    fn hold_back(&self) -> std::time::Duration {
+        HOLD_BACK
+    }
+
+    async fn settle(&self, group_id: &str) -> Result<(), Error> {
+        let mut held = self.held.lock().expect("held lock");
+        if let Some(commit) = held.remove(group_id) {
+            self.insert_commit(group_id, &commit)?;
         }
-        let last = self.last_commit(group_id)?;
-        if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
-            return Err(Error::Conflict(group_id.to_owned()));
-        }
-        if let Some(last) = &last {
-            for call in last.moved_on(&write.state.calls) {
-                self.calls
-                    .insert(keys::call(group_id, &call.id), encode(call))
-                    .map_err(backend)?;
-            }
-        }
-        let mut commit = Commit::of(&write);
-        {
-            let mut tips = self.tips.lock().expect("tips lock");
-            let tip = tips
-                .entry(group_id.to_owned())
-                .or_insert_with(|| Tip::new(write.expected_last_seq));
-            tip.pending += 1;
-        }
-        let appended = self.log.insert(
-            keys::commit(group_id, commit.meta.last_seq),
-            encode(&commit),
-        );
-        if let Err(e) = appended {
-            self.publish(group_id, write.expected_last_seq);
-            return Err(backend(e));
-        }
-        // The events move to the tip; the cached commit keeps none.
-        let events = std::mem::take(&mut commit.events);
-        if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
-            tip.remember(events);
-        }
-        {
-            let mut unsettled = self.unsettled.lock().expect("unsettled lock");
-            let before = last.iter().flat_map(|l| &l.meta.unsettled);
-            for id in before.filter(|id| !commit.meta.unsettled.contains(*id)) {
-                unsettled.remove(&(group_id.to_owned(), id.clone()));
-            }
-            for id in &commit.meta.unsettled {
-                unsettled.insert((group_id.to_owned(), id.clone()));
-            }
-        }
-        self.remember(group_id, Arc::new(commit));
         Ok(())
     }
 
@@ -516,6 +606,96 @@ mod tests {
 
     fn with_status(id: &str, status: CallStatus) -> CallRecord {
         CallRecord { status, ..call(id) }
+    }
+
+    /// Like [`commit`], for a command nobody waits on: held back, not
+    /// flushed, not published.
+    async fn hold(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+        let mut state = store.load(g, &[]).await.unwrap();
+        state.meta.last_seq = seq;
+        for call in calls {
+            state.calls.insert(call.id.clone(), call.clone());
+        }
+        store
+            .write_held(Write {
+                expected_last_seq: seq - 1,
+                state: &state,
+                events: &[event(g, seq)],
+            })
+            .await
+            .unwrap();
+    }
+
+    fn seqs(events: &[Event]) -> Vec<u64> {
+        events.iter().map(|e| e.seq).collect()
+    }
+
+    /// A held commit is loaded at once, shown to readers only once durable,
+    /// and carried by the thread's next write: one log entry for both.
+    #[tokio::test]
+    async fn a_held_commit_rides_with_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+            hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+            let loaded = store.load("g", &["a"]).await.unwrap();
+            assert_eq!(loaded.meta.last_seq, 2);
+            assert_eq!(loaded.calls["a"].status, CallStatus::Dispatched);
+            store.flush().await.unwrap();
+            assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1]);
+            assert!(!store.is_durable("g", 2));
+
+            commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+            // The held write's own settle, flush and publish find it carried.
+            store.settle("g").await.unwrap();
+            store.flush().await.unwrap();
+            store.publish("g", 2);
+            assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+            assert_eq!(store.log.len(), 2, "commits 1 and 2+3");
+        }
+        let store = reopen(dir.path()).await;
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+        assert_eq!(seqs(&store.events("g", 1, 10).await.unwrap()), [2, 3]);
+        let a = store.call("g", "a").await.unwrap().unwrap();
+        assert_eq!(a.status, CallStatus::Completed);
+    }
+
+    /// With no next write, `settle` writes the held commit on its own, and
+    /// a later write does not carry its events again.
+    #[tokio::test]
+    async fn settle_writes_a_held_commit_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+        store.settle("g").await.unwrap();
+        store.flush().await.unwrap();
+        store.publish("g", 2);
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2]);
+        assert!(store.is_durable("g", 2));
+        commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+        assert_eq!(store.log.len(), 3);
+        drop(store);
+        let store = reopen(dir.path()).await;
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+    }
+
+    /// Held commits still held when the store closes are written, not lost.
+    #[tokio::test]
+    async fn held_commits_are_written_when_the_store_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+            hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+            hold(&store, "g", 3, &[with_status("a", CallStatus::Subscribed)]).await;
+        }
+        let store = reopen(dir.path()).await;
+        assert_eq!(store.thread("g").await.unwrap().unwrap().last_seq, 3);
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+        let a = store.call("g", "a").await.unwrap().unwrap();
+        assert_eq!(a.status, CallStatus::Subscribed);
     }
 
     #[tokio::test]
