@@ -32,7 +32,9 @@ impl Engine {
 
     /// Everything about a submission that can be checked without reading
     /// its thread: ids, the tool, and the arguments against its schema.
-    pub fn check_submission(&self, req: &SubmitCall) -> Result<(), Error> {
+    /// Returns the resolved tool (none for the built-in
+    /// `cancel_subscription`).
+    pub fn check_submission(&self, req: &SubmitCall) -> Result<Option<toolsets::Resolved>, Error> {
         self.check_id("group_id", &req.group_id)?;
         if let Some(id) = &req.id {
             self.check_id("id", id)?;
@@ -45,11 +47,13 @@ impl Engine {
         }
         if req.operation == CANCEL_SUBSCRIPTION {
             toolsets::check_arguments(toolsets::cancel_subscription_validator(), &req.arguments)
-                .map_err(Error::InvalidArguments)
+                .map_err(Error::InvalidArguments)?;
+            Ok(None)
         } else {
             let resolved = self.resolve(&req.operation)?;
             toolsets::check_arguments(&resolved.validator, &req.arguments)
-                .map_err(Error::InvalidArguments)
+                .map_err(Error::InvalidArguments)?;
+            Ok(Some(resolved))
         }
     }
 
@@ -61,10 +65,21 @@ impl Engine {
     }
 
     async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
-        self.check_submission(&req)?;
+        let resolved = self.check_submission(&req)?;
         let id = req.id.clone().unwrap_or_else(fresh_id);
         let group_id = req.group_id.clone();
-        let (command, target) = if req.operation == CANCEL_SUBSCRIPTION {
+        let (command, target) = if let Some(resolved) = resolved {
+            let gate = match resolved.approval_timeout {
+                Some(secs) => Some(
+                    self.gate(&resolved.qualified, secs, req.thread_ancestors.as_deref())
+                        .await?,
+                ),
+                None => None,
+            };
+            let mut call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
+            call.gate = gate;
+            (Command::Submit(call), None)
+        } else {
             let target = req.arguments["tool_call_id"]
                 .as_str()
                 .unwrap_or_default()
@@ -77,18 +92,6 @@ impl Engine {
                 },
                 Some(target),
             )
-        } else {
-            let resolved = self.resolve(&req.operation)?;
-            let gate = match resolved.approval_timeout {
-                Some(secs) => Some(
-                    self.gate(&resolved.qualified, secs, req.thread_ancestors.as_deref())
-                        .await?,
-                ),
-                None => None,
-            };
-            let mut call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
-            call.gate = gate;
-            (Command::Submit(call), None)
         };
         let Executed {
             decision, state, ..

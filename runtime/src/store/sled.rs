@@ -293,13 +293,18 @@ impl SledStore {
             tip.remember(events);
         }
         {
-            let mut unsettled = self.unsettled.lock().expect("unsettled lock");
-            let before = last.iter().flat_map(|l| &l.meta.unsettled);
-            for id in before.filter(|id| !commit.meta.unsettled.contains(*id)) {
-                unsettled.remove(&(group_id.to_owned(), id.clone()));
-            }
-            for id in &commit.meta.unsettled {
-                unsettled.insert((group_id.to_owned(), id.clone()));
+            // Only what changed: most writes leave the set as it was.
+            let empty = BTreeSet::new();
+            let before = last.as_ref().map_or(&empty, |l| &l.meta.unsettled);
+            let after = &commit.meta.unsettled;
+            if before != after {
+                let mut unsettled = self.unsettled.lock().expect("unsettled lock");
+                for id in before.difference(after) {
+                    unsettled.remove(&(group_id.to_owned(), id.clone()));
+                }
+                for id in after.difference(before) {
+                    unsettled.insert((group_id.to_owned(), id.clone()));
+                }
             }
         }
         self.remember(group_id, Arc::new(commit));
