@@ -1,7 +1,7 @@
 //! The embedded storage adapter: each thread's log in sled, one key per
 //! command, made durable by group commit.
 //!
-//! Trees (JSON values):
+//! Trees (values encoded by `store::codec`):
 //! - `log` — thread key ++ last sequence number (big-endian) → the
 //!   command's [`Commit`]. A thread's commits sort in order, so its last
 //!   commit is its current metadata and a range scan reads its events.
@@ -19,6 +19,10 @@
 //! The calls recovery walks are each thread's `unsettled` set, in its last
 //! commit's metadata: read once at open (one seek per thread), then kept in
 //! memory, so no write pays for an index.
+//!
+//! A commit nobody waits on (`call_dispatched`) is held in memory for up to
+//! `HOLD_BACK` and merged into the thread's next commit: a tool that
+//! answers at once costs one insert for both.
 
 use std::num::NonZeroUsize;
 use std::ops::Bound;
