@@ -588,9 +588,9 @@ mod tests {
         }
     }
 
-    /// Writes one command to thread `g`, as the engine would: the thread
-    /// moves to `seq` with `calls` changed, recording one event.
-    async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+    /// Thread `g` moved to `seq` with `calls` changed, as a command would
+    /// leave it.
+    async fn next_state(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) -> ThreadState {
         let mut state = store.load(g, &[]).await.unwrap();
         state.meta.last_seq = seq;
         for call in calls {
@@ -601,6 +601,13 @@ mod tests {
                 state.meta.unsettled.remove(&call.id);
             }
         }
+        state
+    }
+
+    /// Writes one command to thread `g`, as the engine would: the thread
+    /// moves to `seq` with `calls` changed, recording one event.
+    async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+        let state = next_state(store, g, seq, calls).await;
         store
             .write(Write {
                 expected_last_seq: seq - 1,
@@ -620,11 +627,7 @@ mod tests {
     /// Like [`commit`], for a command nobody waits on: held back, not
     /// flushed, not published.
     async fn hold(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
-        let mut state = store.load(g, &[]).await.unwrap();
-        state.meta.last_seq = seq;
-        for call in calls {
-            state.calls.insert(call.id.clone(), call.clone());
-        }
+        let state = next_state(store, g, seq, calls).await;
         store
             .write_held(Write {
                 expected_last_seq: seq - 1,
@@ -633,6 +636,15 @@ mod tests {
             })
             .await
             .unwrap();
+    }
+
+    /// A store in `dir` whose thread `g` accepted call `a` (seq 1) and holds
+    /// its dispatch (seq 2).
+    async fn held_dispatch(dir: &Path) -> SledStore {
+        let store = SledStore::open(dir).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+        store
     }
 
     fn seqs(events: &[Event]) -> Vec<u64> {
@@ -645,9 +657,7 @@ mod tests {
     async fn a_held_commit_rides_with_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = SledStore::open(dir.path()).unwrap();
-            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-            hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+            let store = held_dispatch(dir.path()).await;
             let loaded = store.load("g", &["a"]).await.unwrap();
             assert_eq!(loaded.meta.last_seq, 2);
             assert_eq!(loaded.calls["a"].status, CallStatus::Dispatched);
@@ -675,9 +685,7 @@ mod tests {
     #[tokio::test]
     async fn settle_writes_a_held_commit_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
-        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-        hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+        let store = held_dispatch(dir.path()).await;
         store.settle("g").await.unwrap();
         store.flush().await.unwrap();
         store.publish("g", 2);
@@ -695,9 +703,7 @@ mod tests {
     async fn held_commits_are_written_when_the_store_closes() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = SledStore::open(dir.path()).unwrap();
-            commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-            hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+            let store = held_dispatch(dir.path()).await;
             hold(&store, "g", 3, &[with_status("a", CallStatus::Subscribed)]).await;
         }
         let store = reopen(dir.path()).await;
