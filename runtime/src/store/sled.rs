@@ -147,6 +147,12 @@ impl SledStore {
     /// Opens (or creates) the store in `dir`. Must be called inside a tokio
     /// runtime: it starts the group-commit task.
     pub fn open(dir: &Path) -> Result<Self, Error> {
+        Self::open_caching(dir, CACHED_THREADS)
+    }
+
+    /// [`SledStore::open`], keeping the last commit of `cached_threads`
+    /// threads decoded.
+    fn open_caching(dir: &Path, cached_threads: usize) -> Result<Self, Error> {
         let db = sled::Config::new()
             .path(dir)
             .mode(sled::Mode::HighThroughput)
@@ -182,7 +188,7 @@ impl SledStore {
             _db: db,
             tips: Arc::default(),
             last: Mutex::new(LruCache::new(
-                NonZeroUsize::new(CACHED_THREADS).expect("not zero"),
+                NonZeroUsize::new(cached_threads.max(1)).expect("not zero"),
             )),
             unsettled: Mutex::new(unsettled),
             held: Mutex::default(),
@@ -194,6 +200,17 @@ impl SledStore {
     fn last_commit(&self, group_id: &str) -> Result<Option<Arc<Commit>>, Error> {
         if let Some(last) = self.last.lock().expect("cache lock").get(group_id) {
             return Ok(Some(last.clone()));
+        }
+        // A held commit is newer than anything in sled: the cache may have
+        // dropped it, this must not.
+        if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
+            let last = Arc::new(Commit {
+                meta: held.meta.clone(),
+                calls: held.calls.clone(),
+                events: vec![],
+            });
+            self.remember(group_id, last.clone());
+            return Ok(Some(last));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
@@ -497,7 +514,19 @@ impl Store for SledStore {
     }
 
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
-        last_commits(&self.log).map(|c| Ok(c?.meta)).collect()
+        // Held commits are newer than what sled has of their threads.
+        let held: HashMap<String, ThreadMeta> = {
+            let held = self.held.lock().expect("held lock");
+            held.iter()
+                .map(|(g, c)| (g.clone(), c.meta.clone()))
+                .collect()
+        };
+        last_commits(&self.log)
+            .map(|c| {
+                let meta = c?.meta;
+                Ok(held.get(&meta.group_id).cloned().unwrap_or(meta))
+            })
+            .collect()
     }
 
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
@@ -695,6 +724,27 @@ mod tests {
         assert_eq!(store.log.len(), 3);
         drop(store);
         let store = reopen(dir.path()).await;
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+    }
+
+    /// A held commit stays the thread's last even once the cache of last
+    /// commits has dropped it.
+    #[tokio::test]
+    async fn a_held_commit_outlives_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open_caching(dir.path(), 1).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
+        commit(&store, "other", 1, &[]).await;
+        assert!(store.last.lock().unwrap().peek("g").is_none(), "evicted");
+        let listed = store.threads().await.unwrap();
+        let g = listed.iter().find(|m| m.group_id == "g").unwrap();
+        assert_eq!(g.last_seq, 2, "the listing shows the held commit too");
+        let loaded = store.load("g", &["a"]).await.unwrap();
+        assert_eq!(loaded.meta.last_seq, 2);
+        assert_eq!(loaded.calls["a"].status, CallStatus::Dispatched);
+        commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+        store.publish("g", 2);
         assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
     }
 
