@@ -194,9 +194,7 @@ impl Engine {
                 drop(guard);
                 // Nothing new, but what the answer rests on (a call another
                 // request just wrote, say) must be durable before we answer.
-                if !self.store.is_durable(group_id, state.meta.last_seq) {
-                    self.store.flush().await?;
-                }
+                self.make_durable(group_id, state.meta.last_seq).await?;
                 return Ok(Executed {
                     decision,
                     events,
@@ -260,6 +258,16 @@ impl Engine {
             });
         }
         Err(store::Error::Conflict(group_id.to_owned()).into())
+    }
+
+    /// Returns once the thread's state up to `seq` is durable, including a
+    /// commit the store still held back.
+    pub(crate) async fn make_durable(&self, group_id: &str, seq: u64) -> Result<(), Error> {
+        if !self.store.is_durable(group_id, seq) {
+            self.store.settle(group_id).await?;
+            self.store.flush().await?;
+        }
+        Ok(())
     }
 
     /// Checks a `group_id` or call `id` against the documented limits.

@@ -12,10 +12,7 @@ impl Engine {
     /// a state a crash could take back.
     async fn settle(&self, group_id: &str) -> Result<(), Error> {
         self.check_id("group_id", group_id)?;
-        if !self.store.is_durable(group_id, 0) {
-            self.store.flush().await?;
-        }
-        Ok(())
+        self.make_durable(group_id, 0).await
     }
 
     pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {

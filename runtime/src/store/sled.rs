@@ -139,6 +139,10 @@ impl Tip {
     }
 }
 
+fn poisoned() -> Error {
+    Error::Backend("an earlier write or flush failed; restart Ferry to recover the store".into())
+}
+
 fn backend(e: impl std::fmt::Display) -> Error {
     Error::Backend(e.to_string())
 }
@@ -209,23 +213,34 @@ impl SledStore {
                 calls: held.calls.clone(),
                 events: vec![],
             });
-            self.remember(group_id, last.clone());
-            return Ok(Some(last));
+            return Ok(Some(self.remember_read(group_id, last)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
         };
         let (_, value) = entry.map_err(backend)?;
         let last = Arc::new(without_events(decode(&value)?));
-        self.remember(group_id, last.clone());
-        Ok(Some(last))
+        Ok(Some(self.remember_read(group_id, last)))
     }
 
+    /// Caches a writer's new last commit.
     fn remember(&self, group_id: &str, last: Arc<Commit>) {
         self.last
             .lock()
             .expect("cache lock")
             .put(group_id.to_owned(), last);
+    }
+
+    /// Caches what a reader found, unless a writer cached a newer commit
+    /// meanwhile (readers do not take the engine's lock); returns the
+    /// cached one.
+    fn remember_read(&self, group_id: &str, found: Arc<Commit>) -> Arc<Commit> {
+        let mut cache = self.last.lock().expect("cache lock");
+        if let Some(newer) = cache.get(group_id) {
+            return newer.clone();
+        }
+        cache.put(group_id.to_owned(), found.clone());
+        found
     }
 
     /// A call's copy (its record as of the thread's last commit but one, or
@@ -253,20 +268,25 @@ impl SledStore {
     fn append(&self, write: Write<'_>, hold: bool) -> Result<(), Error> {
         let group_id = write.state.meta.group_id.as_str();
         if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Backend(
-                "an earlier write or flush failed; restart Ferry to recover the store".into(),
-            ));
+            return Err(poisoned());
         }
         let last = self.last_commit(group_id)?;
         if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
             return Err(Error::Conflict(group_id.to_owned()));
         }
-        if let Some(last) = &last {
-            for call in last.moved_on(&write.state.calls) {
-                self.calls
-                    .insert(keys::call(group_id, &call.id), encode(call))
-                    .map_err(backend)?;
-            }
+        let moved: Vec<&CallRecord> = last
+            .iter()
+            .flat_map(|l| l.moved_on(&write.state.calls))
+            .collect();
+        if !moved.is_empty() {
+            // A copy is the call as a commit in sled left it: if that commit
+            // is only held, it goes in first, on its own.
+            self.settle_held(group_id)?;
+        }
+        for call in moved {
+            self.calls
+                .insert(keys::call(group_id, &call.id), encode(call))
+                .map_err(backend)?;
         }
         let mut commit = Commit::of(&write);
         {
@@ -332,6 +352,18 @@ impl SledStore {
         Ok(())
     }
 
+    /// Inserts the thread's held commit, if one is still held.
+    fn settle_held(&self, group_id: &str) -> Result<(), Error> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(poisoned());
+        }
+        let mut held = self.held.lock().expect("held lock");
+        if let Some(commit) = held.remove(group_id) {
+            self.insert_commit(group_id, &commit)?;
+        }
+        Ok(())
+    }
+
     /// Inserts a commit into the log. A failure poisons the store: the
     /// cached last commit (and any held events) would no longer match
     /// sled, and the next write could leave a gap in the thread's log.
@@ -350,7 +382,7 @@ impl SledStore {
 impl Drop for SledStore {
     fn drop(&mut self) {
         let held = std::mem::take(&mut *self.held.lock().expect("held lock"));
-        if held.is_empty() {
+        if held.is_empty() || self.poisoned.load(Ordering::SeqCst) {
             return;
         }
         for (group_id, commit) in &held {
@@ -419,14 +451,13 @@ impl Store for SledStore {
     }
 
     async fn settle(&self, group_id: &str) -> Result<(), Error> {
-        let mut held = self.held.lock().expect("held lock");
-        if let Some(commit) = held.remove(group_id) {
-            self.insert_commit(group_id, &commit)?;
-        }
-        Ok(())
+        self.settle_held(group_id)
     }
 
     async fn flush(&self) -> Result<(), Error> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(poisoned());
+        }
         let flushed = self.commit.flush().await.map_err(Error::Backend);
         if flushed.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
@@ -434,7 +465,13 @@ impl Store for SledStore {
         flushed
     }
 
+    /// Once the store is poisoned nothing changes any more (no thread's
+    /// durable tip moves, none is forgotten): a failed insert may have lost
+    /// held events below `seq`.
     fn publish(&self, group_id: &str, seq: u64) {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return;
+        }
         let mut tips = self.tips.lock().expect("tips lock");
         let Some(tip) = tips.get_mut(group_id) else {
             return;
@@ -746,6 +783,59 @@ mod tests {
         commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
         store.publish("g", 2);
         assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+    }
+
+    /// A call's copy is never newer than the log: moving on from a call
+    /// that only a held commit carries writes that commit first.
+    #[tokio::test]
+    async fn a_copy_never_runs_ahead_of_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        commit(&store, "g", 2, &[with_status("b", CallStatus::Queued)]).await;
+        hold(&store, "g", 3, &[with_status("a", CallStatus::Dispatched)]).await;
+        assert_eq!(store.log.len(), 2, "3 is held");
+        // 4 carries only b: a's copy (as 3 left it) needs 3 in the log.
+        hold(&store, "g", 4, &[with_status("b", CallStatus::Dispatched)]).await;
+        assert_eq!(store.log.len(), 3, "3 went in before a's copy");
+        let copy = store.copy("g", "a").unwrap().unwrap();
+        assert_eq!(copy.status, CallStatus::Dispatched);
+    }
+
+    /// After a failed write nothing more becomes visible: held events it
+    /// took with it are gone, so no sequence number may be shown past them.
+    #[tokio::test]
+    async fn a_poisoned_store_shows_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = held_dispatch(dir.path()).await;
+        store.poisoned.store(true, Ordering::SeqCst);
+        assert!(store.flush().await.is_err());
+        store.publish("g", 2);
+        assert_eq!(*store.watch("g").borrow(), 1);
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1]);
+        assert!(!store.is_durable("g", 2));
+        assert!(store.settle("g").await.is_err());
+    }
+
+    /// A reader that found an older last commit does not replace the one a
+    /// writer cached meanwhile.
+    #[tokio::test]
+    async fn a_reader_never_caches_over_a_newer_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let at = |seq| {
+            Arc::new(Commit {
+                meta: ThreadMeta {
+                    last_seq: seq,
+                    ..ThreadMeta::default()
+                },
+                calls: vec![],
+                events: vec![],
+            })
+        };
+        store.remember("g", at(2));
+        assert_eq!(store.remember_read("g", at(1)).meta.last_seq, 2);
+        assert_eq!(store.last_commit("g").unwrap().unwrap().meta.last_seq, 2);
     }
 
     /// Held commits still held when the store closes are written, not lost.
