@@ -508,16 +508,27 @@ impl Store for SledStore {
             return Ok(vec![]);
         }
         // A commit's key is its last event's seq, so the first commit with
-        // events after `after` is the first keyed above it; commits keyed
-        // up to `durable` hold only durable events.
-        let range = keys::commit(group_id, after + 1)..=keys::commit(group_id, durable);
+        // events after `after` is the first keyed above it. The durable tip
+        // may fall inside a commit (held events published before the write
+        // that carried them), so the last commit read is the first keyed at
+        // or above it, and its later events are left out.
+        let range = keys::commit(group_id, after + 1)..=keys::commit(group_id, u64::MAX);
         let mut out = Vec::new();
         for entry in self.log.range(range) {
             let (_, bytes) = entry.map_err(backend)?;
             let commit: CommitEvents = decode(&bytes)?;
-            out.extend(commit.events.into_iter().filter(|e| e.seq > after));
+            let reaches_tip = commit.events.last().is_some_and(|e| e.seq >= durable);
+            out.extend(
+                commit
+                    .events
+                    .into_iter()
+                    .filter(|e| e.seq > after && e.seq <= durable),
+            );
             if out.len() >= limit {
                 out.truncate(limit);
+                break;
+            }
+            if reaches_tip {
                 break;
             }
         }
@@ -836,6 +847,41 @@ mod tests {
         store.remember("g", at(2));
         assert_eq!(store.remember_read("g", at(1)).meta.last_seq, 2);
         assert_eq!(store.last_commit("g").unwrap().unwrap().meta.last_seq, 2);
+    }
+
+    /// Held events made durable inside the next write's commit, and shown
+    /// before that write is, read back from sled too (a reader too far
+    /// behind for the events kept in memory).
+    #[tokio::test]
+    async fn held_events_shown_early_read_back_from_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = held_dispatch(dir.path()).await;
+        let state = next_state(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
+        store
+            .write(Write {
+                expected_last_seq: 2,
+                state: &state,
+                events: &[event("g", 3)],
+            })
+            .await
+            .unwrap();
+        store
+            .tips
+            .lock()
+            .unwrap()
+            .get_mut("g")
+            .unwrap()
+            .recent
+            .clear();
+        store.settle("g").await.unwrap();
+        store.flush().await.unwrap();
+        // The held write's task publishes 2; the result's own publish of 3
+        // has not happened yet.
+        store.publish("g", 2);
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2]);
+        store.publish("g", 3);
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
+        assert_eq!(seqs(&store.events("g", 2, 10).await.unwrap()), [3]);
     }
 
     /// Held commits still held when the store closes are written, not lost.
