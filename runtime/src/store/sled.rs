@@ -82,9 +82,11 @@ pub struct SledStore {
     /// writes them. Whoever takes one holds this lock until it is inserted,
     /// so a flush that starts after `settle` covers it either way.
     held: Mutex<HashMap<String, Commit>>,
-    /// Set when a flush failed: sled's memory may hold writes its disk does
-    /// not, and commands built on them could be lost in a crash after being
-    /// answered. Every later write is refused until a restart.
+    /// Set when a flush or a log insert failed: sled's memory may hold
+    /// writes its disk does not (or lack held events the cache shows), and
+    /// commands built on them could be lost in a crash after being
+    /// answered. Every later write is refused, and nothing more is shown to
+    /// readers, until a restart.
     poisoned: AtomicBool,
 }
 
