@@ -10,13 +10,13 @@ use crate::thread::{CallRecord, ThreadMeta};
 impl Engine {
     /// Waits until what a read may show is durable: a reader must never see
     /// a state a crash could take back.
-    async fn settle(&self, group_id: &str) -> Result<(), Error> {
+    async fn ready_to_read(&self, group_id: &str) -> Result<(), Error> {
         self.check_id("group_id", group_id)?;
         self.make_durable(group_id, 0).await
     }
 
     pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        self.settle(group_id).await?;
+        self.ready_to_read(group_id).await?;
         self.store
             .call(group_id, id)
             .await?
@@ -24,7 +24,7 @@ impl Engine {
     }
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
-        self.settle(group_id).await?;
+        self.ready_to_read(group_id).await?;
         self.store
             .thread(group_id)
             .await?
@@ -41,7 +41,7 @@ impl Engine {
 
     /// A thread's calls, oldest first.
     pub async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
-        self.settle(group_id).await?;
+        self.ready_to_read(group_id).await?;
         let mut calls = self.store.calls(group_id).await?;
         calls.sort_by_key(|c| c.accepted_seq);
         Ok(calls)

@@ -74,6 +74,10 @@ pub struct JetStreamStore {
     toolsets_changed: watch::Sender<u64>,
 }
 
+/// Attempts at writing a call's copy against copies racing it, before the
+/// command gives up like a lost commit race and is decided again.
+const COPY_ATTEMPTS: u32 = 8;
+
 fn backend(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(e.to_string())
 }
@@ -268,7 +272,7 @@ impl JetStreamStore {
                     Ok(()) => break,
                     // Copies racing without end: give up like a lost commit
                     // race, and let the command be decided again.
-                    Err(e @ Error::Conflict(_)) if attempts >= 8 => return Err(e),
+                    Err(e @ Error::Conflict(_)) if attempts >= COPY_ATTEMPTS => return Err(e),
                     Err(Error::Conflict(_)) => match self.copy(group_id, &call.id).await? {
                         Some((_, c)) if c.seq >= commit.meta.last_seq => break,
                         Some((stream_seq, _)) => expected = stream_seq,

@@ -210,11 +210,7 @@ impl SledStore {
         // A held commit is newer than anything in sled: the cache may have
         // dropped it, this must not.
         if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
-            let last = Arc::new(Commit {
-                meta: held.meta.clone(),
-                calls: held.calls.clone(),
-                events: vec![],
-            });
+            let last = Arc::new(without_events(held.clone()));
             return Ok(Some(self.remember_read(group_id, last)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
@@ -683,18 +679,27 @@ mod tests {
         state
     }
 
-    /// Writes one command to thread `g`, as the engine would: the thread
-    /// moves to `seq` with `calls` changed, recording one event.
-    async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+    /// Appends one command to thread `g`, as the engine would: the thread
+    /// moves to `seq` with `calls` changed, recording one event; held back
+    /// (`write_held`) or not. Not flushed, not published.
+    async fn append_next(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord], held: bool) {
         let state = next_state(store, g, seq, calls).await;
-        store
-            .write(Write {
-                expected_last_seq: seq - 1,
-                state: &state,
-                events: &[event(g, seq)],
-            })
-            .await
-            .unwrap();
+        let write = Write {
+            expected_last_seq: seq - 1,
+            state: &state,
+            events: &[event(g, seq)],
+        };
+        let written = if held {
+            store.write_held(write).await
+        } else {
+            store.write(write).await
+        };
+        written.unwrap();
+    }
+
+    /// [`append_next`], flushed and published.
+    async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
+        append_next(store, g, seq, calls, false).await;
         store.flush().await.unwrap();
         store.publish(g, seq);
     }
@@ -706,15 +711,7 @@ mod tests {
     /// Like [`commit`], for a command nobody waits on: held back, not
     /// flushed, not published.
     async fn hold(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
-        let state = next_state(store, g, seq, calls).await;
-        store
-            .write_held(Write {
-                expected_last_seq: seq - 1,
-                state: &state,
-                events: &[event(g, seq)],
-            })
-            .await
-            .unwrap();
+        append_next(store, g, seq, calls, true).await;
     }
 
     /// A store in `dir` whose thread `g` accepted call `a` (seq 1) and holds
@@ -858,15 +855,14 @@ mod tests {
     async fn held_events_shown_early_read_back_from_sled() {
         let dir = tempfile::tempdir().unwrap();
         let store = held_dispatch(dir.path()).await;
-        let state = next_state(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
-        store
-            .write(Write {
-                expected_last_seq: 2,
-                state: &state,
-                events: &[event("g", 3)],
-            })
-            .await
-            .unwrap();
+        append_next(
+            &store,
+            "g",
+            3,
+            &[with_status("a", CallStatus::Completed)],
+            false,
+        )
+        .await;
         store
             .tips
             .lock()
