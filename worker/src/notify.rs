@@ -13,9 +13,11 @@ use tracing::debug;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallLiveness {
     Alive,
-    /// `alive: false`, a 4xx, or an unreadable 2xx: prune the call.
+    /// `alive: false`, a 4xx, or a 2xx whose whole body is not the reply:
+    /// prune the call.
     Lost,
-    /// A transport error or 5xx: keep waiting, never prune on unknown.
+    /// A transport error (a body cut short included) or 5xx: keep waiting,
+    /// never prune on unknown.
     Unknown,
 }
 
@@ -153,9 +155,82 @@ impl Notifier {
         if !status.is_success() {
             return CallLiveness::Lost;
         }
-        match response.json::<ToolCallStatusReply>().await {
+        // A body cut short (reset, timeout) is a transport error: keep
+        // waiting. Only a body that arrived whole and is not the reply
+        // prunes the call.
+        let Ok(body) = response.bytes().await else {
+            return CallLiveness::Unknown;
+        };
+        match serde_json::from_slice::<ToolCallStatusReply>(&body) {
             Ok(ToolCallStatusReply { alive: true }) => CallLiveness::Alive,
             Ok(ToolCallStatusReply { alive: false }) | Err(_) => CallLiveness::Lost,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A tool server on loopback that answers every connection with
+    /// `response`, byte for byte, then closes it.
+    async fn answering(response: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = vec![0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let _ = socket.write_all(response.as_bytes()).await;
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    async fn liveness(response: &'static str) -> CallLiveness {
+        let server = answering(response).await;
+        Notifier::new(reqwest::Client::new())
+            .tool_call_status(&server, "g", "c1")
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_keeps_the_call_waiting() {
+        // rap-3: "a transport error or 5xx keeps it waiting". The headers
+        // promise 100 bytes; the connection closes after one.
+        let cut =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{";
+        assert_eq!(liveness(cut).await, CallLiveness::Unknown);
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_decides_by_what_it_says() {
+        let reply = |body: &'static str| -> &'static str {
+            Box::leak(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_boxed_str(),
+            )
+        };
+        assert_eq!(
+            liveness(reply(r#"{"alive":true}"#)).await,
+            CallLiveness::Alive
+        );
+        assert_eq!(
+            liveness(reply(r#"{"alive":false}"#)).await,
+            CallLiveness::Lost
+        );
+        assert_eq!(liveness(reply("not json")).await, CallLiveness::Lost);
+        assert_eq!(
+            liveness("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await,
+            CallLiveness::Lost
+        );
+        assert_eq!(
+            liveness("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").await,
+            CallLiveness::Unknown
+        );
     }
 }
