@@ -187,7 +187,18 @@ impl Engine {
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let mut state = self.store.load(group_id, &command.call_ids()).await?;
-            let decision = thread::decide(&state, &command)?;
+            let decision = match thread::decide(&state, &command) {
+                Ok(decision) => decision,
+                Err(rejection) => {
+                    drop(guard);
+                    // A refusal rests on the state it was decided against,
+                    // which may hold another request's write not yet flushed
+                    // (or a held one): make it durable before anyone hears
+                    // the refusal, or a crash could take its reason back.
+                    self.make_durable(group_id, state.meta.last_seq).await?;
+                    return Err(rejection.into());
+                }
+            };
             let expected_last_seq = state.meta.last_seq;
             let events = thread::apply(&mut state, &at, decision.changes.clone());
             if events.is_empty() {
@@ -305,4 +316,64 @@ impl Engine {
 /// The current time, RFC 3339 UTC with milliseconds.
 pub fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::LocalBus;
+    use crate::store::SledStore;
+    use crate::thread::{NewCall, Submission};
+
+    fn engine(store: Arc<SledStore>) -> Engine {
+        Engine::new(
+            Config::default(),
+            store,
+            Arc::new(LocalBus::new(1)),
+            Capabilities::new(b"secret"),
+            reqwest::Client::new(),
+        )
+    }
+
+    fn call(id: &str, text: &str) -> NewCall {
+        NewCall {
+            id: id.into(),
+            submission: Submission {
+                operation: "echo".into(),
+                arguments: serde_json::json!({ "text": text }),
+                call_id: None,
+                user_id: None,
+                thread_ancestors: None,
+            },
+            tool: "demo.echo@1.0.0".into(),
+            target: None,
+            gate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_waits_until_what_it_rests_on_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let engine = engine(store.clone());
+        let submit = |text| Command::Submit(call("c1", text));
+        engine.execute("g", submit("a")).await.unwrap();
+        // Held back by the store: written, not yet durable.
+        let acked = Command::DispatchAcked {
+            id: "c1".into(),
+            attempts: 1,
+        };
+        engine.record("g", acked).await.unwrap();
+        assert!(store.holds("g"), "the acknowledgement is held back");
+        // The same id with another body is refused (409), decided against
+        // the state that includes the held write.
+        let refused = engine.execute("g", submit("b")).await;
+        assert!(
+            matches!(refused, Err(Error::Rejected(Rejection::Conflict(_)))),
+            "{:?}",
+            refused.err()
+        );
+        // Settled into sled, and `make_durable` flushes right after.
+        assert!(!store.holds("g"), "refused before its state was written");
+    }
 }

@@ -375,6 +375,14 @@ impl SledStore {
     }
 }
 
+#[cfg(test)]
+impl SledStore {
+    /// Whether the thread has a commit held back, not yet in sled.
+    pub(crate) fn holds(&self, group_id: &str) -> bool {
+        self.held.lock().expect("held lock").contains_key(group_id)
+    }
+}
+
 /// Held commits are written on a clean shutdown rather than lost (a crash
 /// loses them, which only means their calls are dispatched again).
 impl Drop for SledStore {
