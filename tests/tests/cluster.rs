@@ -533,3 +533,30 @@ async fn bad_input_is_refused_on_every_node_and_changes_nothing() {
     assert_eq!(a.events("g", 0).await, before);
     assert_eq!(b.events("g", 0).await, before);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_nats_could_not_carry_is_refused_and_holds_nothing_back() {
+    let c = Cluster::start(1).await;
+    let a = c.a.api();
+    let url = path_of(&c.dispatched(&a, "g", "c1").await);
+    // NATS's default max_payload is 1 MiB. A result given as content
+    // becomes a commit holding its text four times (the event's and the
+    // call's, each as text and as content): 1.2 MB for 300 KB. Journaled,
+    // it could never be stored, and would be retried forever.
+    let big = json!({"type": "tool_result", "group_id": "g", "id": "c1",
+        "content": [{"type": "text", "text": "x".repeat(300_000)}]});
+    let (status, body) = a.post(&url, &big).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
+    assert_eq!(a.count("g", "c1", "tool_result").await, 0);
+    // Nothing waits behind it: a result NATS can carry lands at once.
+    let fits = "y".repeat(200_000);
+    let (status, body) = a.post(&url, &result("g", "c1", &fits)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("applied")),
+        "{body}"
+    );
+    let (_, call) = c.b.api().call("g", "c1").await;
+    assert_eq!(call["result"]["text"].as_str().map(str::len), Some(200_000));
+}

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::HeaderMap;
 use async_trait::async_trait;
 use axum::http::StatusCode;
@@ -27,6 +27,11 @@ pub const REPLY_HEADER: &str = "Ferry-Reply";
 
 /// How many outbox entries one relay round publishes before awaiting acks.
 const RELAY_BATCH: usize = 256;
+
+/// How many times a request's bytes may appear in the commit it becomes:
+/// a result's text sits in its event and in the call's record, each as
+/// `text` and as `content`.
+pub const COMMIT_GROWTH: usize = 4;
 
 type Answer = Result<Reply, Refusal>;
 
@@ -88,6 +93,22 @@ impl Relay {
         Ok(relay)
     }
 
+    /// Refuses (413) a request NATS could not carry: relayed, or as the
+    /// commit it becomes, which may hold its bytes up to
+    /// [`COMMIT_GROWTH`] times (a result's text in its event and in the
+    /// call's record, each as text and as content). Journaled anyway, it
+    /// would wait in the outbox, or on a worker, forever.
+    fn check_size(&self, request: &Request) -> Result<(), ApiError> {
+        let max = self.js.client().max_payload();
+        let size = rmp_serde::to_vec_named(request)
+            .expect("requests serialize")
+            .len();
+        if max == 0 || size.saturating_mul(COMMIT_GROWTH) <= max {
+            return Ok(());
+        }
+        Err(too_large(size, max))
+    }
+
     /// Entries not yet relayed.
     pub fn backlog(&self) -> usize {
         self.outbox.len()
@@ -128,12 +149,30 @@ impl Relay {
                 headers.insert(REPLY_HEADER, reply_to.as_str());
             }
             let body = rmp_serde::to_vec_named(&entry.request).expect("requests serialize");
+            let body_len = body.len();
             match self
                 .js
                 .publish_with_headers(subjects::inbox(&entry.group_id), headers, body.into())
                 .await
             {
                 Ok(ack) => acks.push((number, ack)),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    // Never relayable (journaled before the size check, or
+                    // NATS's limit shrank): refuse it rather than let it
+                    // hold back every entry after it.
+                    warn!(number, error = %e, "journaled request too large for NATS dropped");
+                    if let Err(e) = self.outbox.remove(number) {
+                        warn!(error = %e, "forgetting a too large entry failed");
+                        break;
+                    }
+                    if let Some(waiter) = self.waiting.lock().expect("lock").remove(&number) {
+                        let refused = too_large(body_len, self.js.client().max_payload());
+                        let _ = waiter.send(Err(Refusal {
+                            status: refused.status.as_u16(),
+                            body: refused.body,
+                        }));
+                    }
+                }
                 Err(e) => {
                     debug!(error = %e, "relay publish failed");
                     break;
@@ -163,6 +202,7 @@ impl Perform for Relay {
     async fn perform(&self, mut request: Request) -> Result<Reply, ApiError> {
         self.engine.precheck(&mut request)?;
         let group_id = self.engine.thread_of(&request)?;
+        self.check_size(&request)?;
         let number = self.outbox.next_number().map_err(unavailable)?;
         let (answered, answer) = oneshot::channel();
         self.waiting.lock().expect("lock").insert(number, answered);
@@ -193,6 +233,19 @@ impl Perform for Relay {
             }
         }
     }
+}
+
+fn too_large(size: usize, max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!(
+            "the request is {size} bytes; with what its commit repeats it would exceed NATS's \
+             max_payload of {max} bytes (at most {} bytes per request here): raise max_payload \
+             in the NATS configuration",
+            max / COMMIT_GROWTH
+        ),
+    )
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {

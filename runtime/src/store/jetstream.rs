@@ -290,7 +290,13 @@ impl JetStreamStore {
             .js
             .publish_with_headers(subject.clone(), headers, body)
             .await
-            .map_err(backend)?;
+            .map_err(|e| match e.kind() {
+                // Never accepted, however often tried: not a NATS outage.
+                PublishErrorKind::MaxPayloadExceeded => {
+                    Error::Backend(format!("a commit larger than NATS accepts: {e}"))
+                }
+                _ => backend(e),
+            })?;
         match ack.await {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
