@@ -560,3 +560,58 @@ async fn a_result_nats_could_not_carry_is_refused_and_holds_nothing_back() {
     let (_, call) = c.b.api().call("g", "c1").await;
     assert_eq!(call["result"]["text"].as_str().map(str::len), Some(200_000));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_the_stream_refused_never_wakes_a_reader() {
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let url = path_of(&c.dispatched(&a, "g", "c1").await);
+    let (status, body) = a.post(&url, &result("g", "c1", "done")).await;
+    assert_eq!(status, 200, "{body}");
+    // B follows the thread: its stream has shown every event so far.
+    let events = a.events("g", 0).await;
+    let mut stream = SseReader::open(&b, "/v1/threads/g/stream", None).await;
+    for expected in &events {
+        assert_eq!(&stream.next().await.data, expected);
+    }
+    let last = events.last().unwrap()["seq"].as_u64().unwrap();
+    // A writer that lost its compare-and-set: the stream refuses the
+    // commit, but a JetStream publish is also a core NATS message, and
+    // reaches any core subscriber of its subject all the same.
+    let nats = async_nats::connect(c.nats.url()).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Expected-Last-Subject-Sequence", "1");
+    headers.insert("Ferry-Last-Seq", (last + 5).to_string().as_str());
+    let subject = ferry_runtime::cluster::subjects::log("g");
+    let refused = async_nats::jetstream::new(nats)
+        .publish_with_headers(subject, headers, "lost".into())
+        .await
+        .unwrap()
+        .await;
+    assert!(refused.is_err(), "the stream stored a stale commit");
+    // So a long poll after the last real event finds nothing and waits
+    // its whole time instead of answering at once.
+    let started = std::time::Instant::now();
+    let (status, body) = b
+        .get(&format!("/v1/threads/g/events?after={last}&wait=2"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["events"], json!([]), "{body}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "woken by a commit that was never stored, after {:?}",
+        started.elapsed()
+    );
+    // And a real commit still wakes B's stream.
+    let url = path_of(&c.dispatched(&a, "g", "c2").await);
+    let (status, _) = a.post(&url, &result("g", "c2", "again")).await;
+    assert_eq!(status, 200);
+    let (_, call) = b.call("g", "c2").await;
+    assert_eq!(call["status"], "completed");
+    loop {
+        let event = stream.next().await.data;
+        if event["type"] == "tool_result" && event["id"] == "c2" {
+            break;
+        }
+    }
+}

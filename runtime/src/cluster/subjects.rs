@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `ferry.log.<g>` | `FERRY_THREADS` | the thread's log: one commit per command |
 //! | `ferry.call.<g>.<id>` | `FERRY_THREADS` | the latest record of each call |
+//! | `ferry.logged.<g>` | (republished by `FERRY_THREADS`) | the headers of each commit the stream *stored*, for runtime nodes to wake readers |
 //! | `ferry.in.<g>` | `FERRY_INBOX` | requests relayed by runtime nodes, for workers to apply |
 //! | `ferry.work.<g>` | `FERRY_WORK` | dispatch work for workers |
 //! | `ferry.reply.<node>.<n>` | (core NATS) | a worker's answer to the node awaiting it |
@@ -18,6 +19,10 @@ use base64::Engine as _;
 
 pub const LOG: &str = "ferry.log";
 pub const CALL: &str = "ferry.call";
+/// Where `FERRY_THREADS` republishes (headers only) each commit it
+/// stored. Not `LOG` itself: a publish that loses its compare-and-set
+/// still reaches core subscribers of its subject.
+pub const LOGGED: &str = "ferry.logged";
 pub const INBOX: &str = "ferry.in";
 pub const WORK: &str = "ferry.work";
 pub const REPLY: &str = "ferry.reply";

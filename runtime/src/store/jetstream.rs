@@ -94,23 +94,30 @@ impl JetStreamStore {
         follow: bool,
     ) -> Result<Arc<Self>, Error> {
         let js = jetstream::new(client.clone());
-        let stream = js
-            .get_or_create_stream(stream::Config {
-                name: THREADS_STREAM.into(),
-                subjects: vec![
-                    format!("{}.>", subjects::LOG),
-                    format!("{}.>", subjects::CALL),
-                ],
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                allow_direct: true,
-                // Logs are kept forever; a call's copies need only the last.
-                max_messages_per_subject: -1,
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .map_err(backend)?;
+        // Created, or brought up to this configuration (a stream made by an
+        // older Ferry lacks the republish that readers now wake on).
+        js.create_or_update_stream(stream::Config {
+            name: THREADS_STREAM.into(),
+            subjects: vec![
+                format!("{}.>", subjects::LOG),
+                format!("{}.>", subjects::CALL),
+            ],
+            storage: stream::StorageType::File,
+            num_replicas: replicas,
+            allow_direct: true,
+            // Logs are kept forever; a call's copies need only the last.
+            max_messages_per_subject: -1,
+            duplicate_window: Duration::from_secs(120),
+            republish: Some(stream::Republish {
+                source: format!("{}.>", subjects::LOG),
+                destination: format!("{}.>", subjects::LOGGED),
+                headers_only: true,
+            }),
+            ..Default::default()
+        })
+        .await
+        .map_err(backend)?;
+        let stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
         let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
             Ok(kv) => kv,
             Err(_) => js
@@ -147,8 +154,10 @@ impl JetStreamStore {
     }
 
     async fn follow_commits(self: &Arc<Self>, client: async_nats::Client) -> Result<(), Error> {
+        // The stream's republish of what it stored: a commit that lost its
+        // compare-and-set (or was never stored) must not move a reader.
         let mut commits = client
-            .subscribe(format!("{}.>", subjects::LOG))
+            .subscribe(format!("{}.>", subjects::LOGGED))
             .await
             .map_err(backend)?;
         let tips = Arc::downgrade(&self.tips);
