@@ -615,3 +615,64 @@ async fn a_commit_the_stream_refused_never_wakes_a_reader() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_an_older_ferry_made_gains_the_republish_and_keeps_the_rest() {
+    let nats = Nats::start().await;
+    // FERRY_THREADS as the fifth session's Ferry created it: no republish.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let older = async_nats::jetstream::stream::Config {
+        name: "FERRY_THREADS".into(),
+        subjects: vec!["ferry.log.>".into(), "ferry.call.>".into()],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        allow_direct: true,
+        max_messages_per_subject: -1,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    js.create_stream(older.clone()).await.unwrap();
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let a = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    })
+    .await;
+    let config = js
+        .get_stream("FERRY_THREADS")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    let republish = config.republish.clone().expect("the republish was added");
+    assert_eq!(
+        (republish.source.as_str(), republish.destination.as_str()),
+        ("ferry.log.>", "ferry.logged.>")
+    );
+    assert!(republish.headers_only);
+    assert_eq!(
+        (
+            config.subjects,
+            config.num_replicas,
+            config.max_messages_per_subject
+        ),
+        (older.subjects, 1, -1)
+    );
+    // And readers on the node wake on it: a long poll answers with the
+    // call's first event as soon as it is stored.
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let api = a.api();
+    let poll = {
+        let api = a.api();
+        tokio::spawn(async move { api.get("/v1/threads/g/events?after=0&wait=20").await })
+    };
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c1"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = poll.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["events"][0]["type"], "call_accepted", "{body}");
+}

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::{self, context::PublishErrorKind, kv, stream};
 use async_nats::HeaderMap;
 use async_trait::async_trait;
@@ -72,6 +73,8 @@ pub struct JetStreamStore {
     /// stream sequence, its calls) and need not fetch it again.
     loaded: Mutex<HashMap<String, Arc<Last>>>,
     toolsets_changed: watch::Sender<u64>,
+    /// Commands read through the stream's leader ([`JetStreamStore::last_on`]).
+    leader_reads: bool,
 }
 
 /// Attempts at writing a call's copy against copies racing it, before the
@@ -94,30 +97,44 @@ impl JetStreamStore {
         follow: bool,
     ) -> Result<Arc<Self>, Error> {
         let js = jetstream::new(client.clone());
-        // Created, or brought up to this configuration (a stream made by an
-        // older Ferry lacks the republish that readers now wake on).
-        js.create_or_update_stream(stream::Config {
-            name: THREADS_STREAM.into(),
-            subjects: vec![
-                format!("{}.>", subjects::LOG),
-                format!("{}.>", subjects::CALL),
-            ],
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            allow_direct: true,
-            // Logs are kept forever; a call's copies need only the last.
-            max_messages_per_subject: -1,
-            duplicate_window: Duration::from_secs(120),
-            republish: Some(stream::Republish {
-                source: format!("{}.>", subjects::LOG),
-                destination: format!("{}.>", subjects::LOGGED),
-                headers_only: true,
-            }),
-            ..Default::default()
-        })
-        .await
-        .map_err(backend)?;
-        let stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
+        let republish = stream::Republish {
+            source: format!("{}.>", subjects::LOG),
+            destination: format!("{}.>", subjects::LOGGED),
+            headers_only: true,
+        };
+        let mut stream = js
+            .get_or_create_stream(stream::Config {
+                name: THREADS_STREAM.into(),
+                subjects: vec![
+                    format!("{}.>", subjects::LOG),
+                    format!("{}.>", subjects::CALL),
+                ],
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                allow_direct: true,
+                // Logs are kept forever; a call's copies need only the last.
+                max_messages_per_subject: -1,
+                duplicate_window: Duration::from_secs(120),
+                republish: Some(republish.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(backend)?;
+        // A stream made by an older Ferry lacks the republish readers now
+        // wake on: add it, changing nothing else (its replicas are the
+        // operator's; a worker started without `--replicas` must not
+        // shrink them).
+        let existing = stream.cached_info().config.clone();
+        if existing.republish.as_ref() != Some(&republish) {
+            js.update_stream(stream::Config {
+                republish: Some(republish),
+                ..existing
+            })
+            .await
+            .map_err(backend)?;
+            stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
+        }
+        let leader_reads = stream.cached_info().config.num_replicas > 1;
         let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
             Ok(kv) => kv,
             Err(_) => js
@@ -139,6 +156,7 @@ impl JetStreamStore {
             positions: Mutex::default(),
             loaded: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
+            leader_reads,
         });
         if follow {
             store.follow_commits(client).await?;
@@ -192,23 +210,37 @@ impl JetStreamStore {
         Ok(())
     }
 
-    async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
-        match self
-            .stream
-            .direct_get_last_for_subject(subjects::log(group_id))
-            .await
-        {
-            Ok(message) => {
-                let commit: Commit = codec::decode(&message.payload)?;
-                self.remember(group_id, commit.meta.last_seq, message.sequence);
-                Ok(Some(Last {
-                    stream_seq: message.sequence,
-                    commit,
-                }))
-            }
+    /// The last message on `subject`, what commands are decided against.
+    /// With replicas it comes from the stream's leader: a direct get may be
+    /// answered by a follower that has not yet applied an acknowledged
+    /// commit, and a refusal decided on it (an unknown call, say) would be
+    /// final. One replica answers both ways alike, and direct gets are
+    /// cheaper.
+    async fn last_on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+        if self.leader_reads {
+            return match self.stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(backend(e)),
+            };
+        }
+        match self.stream.direct_get_last_for_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(backend(e)),
         }
+    }
+
+    async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
+        let Some(message) = self.last_on(subjects::log(group_id)).await? else {
+            return Ok(None);
+        };
+        let commit: Commit = codec::decode(&message.payload)?;
+        self.remember(group_id, commit.meta.last_seq, message.sequence);
+        Ok(Some(Last {
+            stream_seq: message.sequence,
+            commit,
+        }))
     }
 
     fn remember(&self, group_id: &str, last_seq: u64, stream_seq: u64) {
@@ -226,14 +258,9 @@ impl JetStreamStore {
 
     /// The copied record of a call and the stream sequence of the copy.
     async fn copy(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
-        match self
-            .stream
-            .direct_get_last_for_subject(subjects::call(group_id, id))
-            .await
-        {
-            Ok(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(backend(e)),
+        match self.last_on(subjects::call(group_id, id)).await? {
+            Some(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
+            None => Ok(None),
         }
     }
 
