@@ -31,7 +31,7 @@ const RELAY_BATCH: usize = 256;
 /// How many times a request's bytes may appear in the commit it becomes:
 /// a result's text sits in its event and in the call's record, each as
 /// `text` and as `content`.
-pub const COMMIT_GROWTH: usize = 4;
+const COMMIT_GROWTH: usize = 4;
 
 type Answer = Result<Reply, Refusal>;
 
@@ -93,11 +93,10 @@ impl Relay {
         Ok(relay)
     }
 
-    /// Refuses (413) a request NATS could not carry: relayed, or as the
-    /// commit it becomes, which may hold its bytes up to
-    /// [`COMMIT_GROWTH`] times (a result's text in its event and in the
-    /// call's record, each as text and as content). Journaled anyway, it
-    /// would wait in the outbox, or on a worker, forever.
+    /// Refuses (413) a request NATS could not carry, relayed or as the
+    /// commit it becomes (up to [`COMMIT_GROWTH`] times its size).
+    /// Journaled anyway, it would wait in the outbox, or on a worker,
+    /// forever.
     fn check_size(&self, request: &Request) -> Result<(), ApiError> {
         let max = self.js.client().max_payload();
         let size = rmp_serde::to_vec_named(request)
