@@ -102,7 +102,9 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
         }
     };
     let span = info_span!("request", group_id = request.group_id().unwrap_or(""));
-    let answer = engine.perform(request).instrument(span).await;
+    // A request slower than the ack deadline (NATS slow to answer, say)
+    // must not be handed to a second worker meanwhile: say we are at it.
+    let answer = at_work(&message, engine.perform(request).instrument(span)).await;
     if let Err(e) = &answer {
         if is_transient(e) {
             // Leave it for a later attempt (by this or another worker).
@@ -131,6 +133,21 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
     }
 }
 
+/// Runs `work` on `message`, telling JetStream every third of the ack
+/// deadline that it is still in progress (`+WPI`), so that the message is
+/// not redelivered to another worker while this one is at it.
+async fn at_work<T>(message: &jetstream::Message, work: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(work);
+    let mut ticks = tokio::time::interval(ACK_WAIT / 3);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = ticks.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
+        }
+    }
+}
+
 /// Failures of the cluster's plumbing rather than refusals of the request.
 fn is_transient(e: &engine::Error) -> bool {
     matches!(
@@ -149,17 +166,8 @@ async fn carry_out(worker: &Worker, message: jetstream::Message) {
             return;
         }
     };
-    // Dispatch retries can outlast the ack deadline: say we are at it.
-    let handled = worker.handle(work);
-    tokio::pin!(handled);
-    let mut ticks = tokio::time::interval(ACK_WAIT / 3);
-    ticks.tick().await;
-    let recorded = loop {
-        tokio::select! {
-            recorded = &mut handled => break recorded,
-            _ = ticks.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
-        }
-    };
+    // Dispatch retries can outlast the ack deadline.
+    let recorded = at_work(&message, worker.handle(work)).await;
     if !recorded {
         // Dispatch again later: the outcome is not stored anywhere.
         let _ = message
