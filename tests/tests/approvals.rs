@@ -323,6 +323,7 @@ async fn policy_is_set_at_registration_and_patched_without_refetching() {
         json!({"tools": {"nope": {"approval": "auto"}}}),
         json!({"approval": "sometimes"}),
         json!({"approval_timeout_secs": 0}),
+        json!({"approval_timeout_secs": u64::MAX}),
         json!({"url": "x"}),
     ] {
         let response = api

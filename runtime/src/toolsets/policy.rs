@@ -39,6 +39,10 @@ pub struct ApprovalPolicy {
 /// The approval timeout when the policy names none: five minutes.
 pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
 
+/// The longest approval wait a policy may set: a year. A deadline is a
+/// timestamp, and a far larger number of seconds has none.
+pub const MAX_APPROVAL_TIMEOUT_SECS: u64 = 366 * 24 * 3600;
+
 impl ApprovalPolicy {
     /// The timeout, in seconds, if calls to `tool` need approval. A per-tool
     /// setting wins, then the toolset's; by default only tools annotated
@@ -67,8 +71,14 @@ impl ApprovalPolicy {
 
     /// Checks the policy against the manifest it governs.
     pub fn check(&self, manifest: &Manifest) -> Result<(), String> {
-        if self.approval_timeout_secs == Some(0) {
-            return Err("approval_timeout_secs must be at least 1".into());
+        match self.approval_timeout_secs {
+            Some(0) => return Err("approval_timeout_secs must be at least 1".into()),
+            Some(secs) if secs > MAX_APPROVAL_TIMEOUT_SECS => {
+                return Err(format!(
+                    "approval_timeout_secs must be at most {MAX_APPROVAL_TIMEOUT_SECS} (a year)"
+                ))
+            }
+            _ => {}
         }
         for name in self.tools.keys() {
             if !manifest.tools.iter().any(|t| &t.name == name) {
@@ -112,6 +122,29 @@ mod tests {
                 ..Annotations::default()
             }),
             display_script: None,
+        }
+    }
+
+    #[test]
+    fn the_approval_timeout_is_a_second_to_a_year() {
+        let manifest = Manifest {
+            name: "T".into(),
+            description: None,
+            endpoint: "http://127.0.0.1:1/".into(),
+            tools: vec![tool("t", true)],
+            needs_migration: None,
+        };
+        let with = |secs| ApprovalPolicy {
+            approval_timeout_secs: Some(secs),
+            ..Default::default()
+        };
+        assert!(with(0).check(&manifest).is_err());
+        assert!(with(1).check(&manifest).is_ok());
+        assert!(with(MAX_APPROVAL_TIMEOUT_SECS).check(&manifest).is_ok());
+        // u64::MAX seconds from now overflows the clock: refused, not a panic
+        // at the first call.
+        for secs in [MAX_APPROVAL_TIMEOUT_SECS + 1, u64::MAX] {
+            assert!(with(secs).check(&manifest).is_err(), "{secs}");
         }
     }
 
