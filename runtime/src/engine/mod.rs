@@ -354,7 +354,9 @@ mod tests {
     #[tokio::test]
     async fn a_refusal_waits_until_what_it_rests_on_is_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        // Held until settled: the background write waits a minute.
+        let hold = std::time::Duration::from_secs(60);
+        let store = Arc::new(SledStore::open_holding(dir.path(), hold).unwrap());
         let engine = engine(store.clone());
         let submit = |text| Command::Submit(call("c1", text));
         engine.execute("g", submit("a")).await.unwrap();

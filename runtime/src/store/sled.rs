@@ -88,6 +88,8 @@ pub struct SledStore {
     /// answered. Every later write is refused, and nothing more is shown to
     /// readers, until a restart.
     poisoned: AtomicBool,
+    /// [`HOLD_BACK`], but for tests that need a held commit to stay held.
+    hold_back: std::time::Duration,
 }
 
 struct Tip {
@@ -199,6 +201,7 @@ impl SledStore {
             unsettled: Mutex::new(unsettled),
             held: Mutex::default(),
             poisoned: AtomicBool::new(false),
+            hold_back: HOLD_BACK,
         })
     }
 
@@ -381,6 +384,14 @@ impl SledStore {
     pub(crate) fn holds(&self, group_id: &str) -> bool {
         self.held.lock().expect("held lock").contains_key(group_id)
     }
+
+    /// [`SledStore::open`], holding commits back for `hold` rather than
+    /// [`HOLD_BACK`]: long enough that only a write or a settle ends it.
+    pub(crate) fn open_holding(dir: &Path, hold: std::time::Duration) -> Result<Self, Error> {
+        let mut store = Self::open(dir)?;
+        store.hold_back = hold;
+        Ok(store)
+    }
 }
 
 /// Held commits are written on a clean shutdown rather than lost (a crash
@@ -453,7 +464,7 @@ impl Store for SledStore {
     }
 
     fn hold_back(&self) -> std::time::Duration {
-        HOLD_BACK
+        self.hold_back
     }
 
     async fn settle(&self, group_id: &str) -> Result<(), Error> {
