@@ -174,18 +174,48 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A tool server on loopback that answers every connection with
-    /// `response`, byte for byte, then closes it.
+    /// `response`, byte for byte, then closes it. It reads the whole
+    /// request first and drains the socket after: closing with unread bytes
+    /// would reset the connection, and the client could lose the answer.
     async fn answering(response: &'static str) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
-                let mut request = vec![0u8; 4096];
-                let _ = socket.read(&mut request).await;
-                let _ = socket.write_all(response.as_bytes()).await;
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !whole(&request) {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = socket.write_all(response.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                    while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
             }
         });
         format!("http://{addr}")
+    }
+
+    /// Whether `request` holds its headers and as many body bytes as its
+    /// `content-length` says.
+    fn whole(request: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(request);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        let length = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        body.len() >= length
     }
 
     async fn liveness(response: &'static str) -> CallLiveness {
