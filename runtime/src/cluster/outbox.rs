@@ -55,9 +55,14 @@ impl Outbox {
         self.db.generate_id().map_err(backend)
     }
 
-    /// Writes the entry and returns once it is durable.
-    pub async fn append(&self, number: u64, entry: &Entry) -> Result<(), Error> {
-        let bytes = rmp_serde::to_vec_named(entry).expect("entries serialize");
+    /// An entry as [`Outbox::append`] stores it.
+    pub fn encode(entry: &Entry) -> Vec<u8> {
+        rmp_serde::to_vec_named(entry).expect("entries serialize")
+    }
+
+    /// Writes an entry encoded by [`Outbox::encode`] and returns once it is
+    /// durable.
+    pub async fn append(&self, number: u64, bytes: Vec<u8>) -> Result<(), Error> {
         self.entries
             .insert(number.to_be_bytes(), bytes)
             .map_err(backend)?;

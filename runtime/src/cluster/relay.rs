@@ -97,11 +97,9 @@ impl Relay {
     /// commit it becomes (up to [`COMMIT_GROWTH`] times its size).
     /// Journaled anyway, it would wait in the outbox, or on a worker,
     /// forever.
-    fn check_size(&self, request: &Request) -> Result<(), ApiError> {
+    /// `size` is the journaled entry's, a little over the relayed request's.
+    fn check_size(&self, size: usize) -> Result<(), ApiError> {
         let max = self.js.client().max_payload();
-        let size = rmp_serde::to_vec_named(request)
-            .expect("requests serialize")
-            .len();
         if max == 0 || size.saturating_mul(COMMIT_GROWTH) <= max {
             return Ok(());
         }
@@ -201,16 +199,17 @@ impl Perform for Relay {
     async fn perform(&self, mut request: Request) -> Result<Reply, ApiError> {
         self.engine.precheck(&mut request)?;
         let group_id = self.engine.thread_of(&request)?;
-        self.check_size(&request)?;
         let number = self.outbox.next_number().map_err(unavailable)?;
-        let (answered, answer) = oneshot::channel();
-        self.waiting.lock().expect("lock").insert(number, answered);
         let entry = Entry {
             group_id,
             reply_to: Some(format!("{}.{number}", self.replies)),
             request,
         };
-        if let Err(e) = self.outbox.append(number, &entry).await {
+        let bytes = Outbox::encode(&entry);
+        self.check_size(bytes.len())?;
+        let (answered, answer) = oneshot::channel();
+        self.waiting.lock().expect("lock").insert(number, answered);
+        if let Err(e) = self.outbox.append(number, bytes).await {
             self.waiting.lock().expect("lock").remove(&number);
             return Err(unavailable(e));
         }
