@@ -49,7 +49,7 @@ pub struct RuntimeOptions {
 pub struct WorkerOptions {
     pub cluster: ClusterOptions,
     pub dispatch: DispatchConfig,
-    /// Requests and dispatches in progress at once.
+    /// Relayed requests being applied at once.
     pub concurrency: usize,
 }
 
@@ -275,7 +275,7 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     println!("ferry worker ready");
     tokio::join!(
         worker::apply_requests(engine, client.clone(), options.concurrency),
-        worker::dispatch_work(dispatcher, client, options.concurrency),
+        worker::dispatch_work(dispatcher, client),
     );
     Ok(())
 }

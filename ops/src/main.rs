@@ -122,15 +122,24 @@ struct DispatchArgs {
     initial_backoff_ms: u64,
     #[arg(long, default_value_t = 10_000, env = "FERRY_MAX_BACKOFF_MS")]
     max_backoff_ms: u64,
+    /// Invocations awaiting a tool's answer at once, across calls; a call
+    /// waiting to retry holds none.
+    #[arg(long, default_value_t = DispatchConfig::default().max_in_flight, env = "FERRY_MAX_IN_FLIGHT")]
+    max_in_flight: usize,
 }
 
 impl DispatchArgs {
     fn config(&self) -> anyhow::Result<DispatchConfig> {
         anyhow::ensure!(self.max_attempts >= 1, "--max-attempts must be at least 1");
+        anyhow::ensure!(
+            self.max_in_flight >= 1,
+            "--max-in-flight must be at least 1"
+        );
         Ok(DispatchConfig {
             max_attempts: self.max_attempts,
             initial_backoff: Duration::from_millis(self.initial_backoff_ms),
             max_backoff: Duration::from_millis(self.max_backoff_ms),
+            max_in_flight: self.max_in_flight,
             ..DispatchConfig::default()
         })
     }
@@ -193,12 +202,14 @@ struct Runtime {
 }
 
 #[derive(Args)]
+#[command(args_override_self = true)]
 struct WorkerArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
     #[command(flatten)]
     dispatch: DispatchArgs,
-    /// Requests and dispatches in progress at once.
+    /// Relayed requests being applied at once (dispatch attempts are
+    /// bounded by --max-in-flight).
     #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
     concurrency: usize,
 }
@@ -272,7 +283,6 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
             bearer_token: args.mcp_bearer_token,
             max_body_bytes: args.max_body_bytes,
         },
-        ..ServeOptions::default()
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // One line on stdout for scripts and tests: where Ferry listens.

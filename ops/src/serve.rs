@@ -33,8 +33,6 @@ pub struct ServeOptions {
     pub secret: Option<String>,
     pub max_body_bytes: usize,
     pub dispatch: DispatchConfig,
-    /// Dispatches in progress at once, across threads.
-    pub concurrency: usize,
     /// The OXP server's credentials and wait.
     pub oxp: ferry_runtime::oxp::OxpConfig,
     /// The MCP front's allow-lists and token.
@@ -52,7 +50,6 @@ impl Default for ServeOptions {
             secret: None,
             max_body_bytes: Config::default().max_body_bytes,
             dispatch: DispatchConfig::default(),
-            concurrency: 256,
             oxp: Default::default(),
             mcp: Default::default(),
         }
@@ -130,7 +127,7 @@ pub async fn start(
         .to_owned();
     let store = SledStore::open(&options.data.join("sled"))
         .with_context(|| format!("opening the store in {}", options.data.display()))?;
-    let bus = LocalBus::new(options.concurrency);
+    let bus = LocalBus::new();
     let client = http_client()?;
     let config = Config {
         public_url: public_url.clone(),

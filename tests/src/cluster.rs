@@ -12,15 +12,23 @@ pub struct FerryWorker {
     child: Option<Child>,
     nats: String,
     public_url: String,
+    /// Arguments after the defaults (a later flag wins).
+    extra: Vec<String>,
 }
 
 impl FerryWorker {
     /// A worker on `nats` whose callback URLs point at `public_url`.
     pub async fn start(nats: &str, public_url: &str) -> FerryWorker {
+        Self::start_with(nats, public_url, &[]).await
+    }
+
+    /// [`FerryWorker::start`] with `extra` arguments.
+    pub async fn start_with(nats: &str, public_url: &str, extra: &[&str]) -> FerryWorker {
         let mut worker = FerryWorker {
             child: None,
             nats: nats.to_owned(),
             public_url: public_url.to_owned(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         worker.spawn().await;
         worker
@@ -37,6 +45,7 @@ impl FerryWorker {
             ])
             .args(["--secret", TEST_SECRET])
             .args(["--initial-backoff-ms", "20", "--max-backoff-ms", "200"])
+            .args(&self.extra)
             .env(
                 "RUST_LOG",
                 std::env::var("FERRY_TEST_LOG").unwrap_or_else(|_| "warn".into()),

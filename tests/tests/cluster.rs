@@ -676,3 +676,47 @@ async fn a_stream_an_older_ferry_made_gains_the_republish_and_keeps_the_rest() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["events"][0]["type"], "call_accepted", "{body}");
 }
+
+/// A worker keeps calls waiting out a `Retry-After` in hand without
+/// letting them hold up another tool's calls (the single-node test is in
+/// `dispatch.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
+    let nats = Nats::start().await;
+    let stuck = TestTool::start("stuck", &["wait"]).await;
+    let healthy = TestTool::start("healthy", &["go"]).await;
+    stuck.plan(&[ferry_tests::Ack::RetryAfter(429, 120); 3]);
+    let a = Ferry::start(FerryOptions {
+        tool_servers: vec![stuck.url.clone(), healthy.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    })
+    .await;
+    let flags = ["--max-in-flight", "2", "--concurrency", "2"];
+    let _worker = FerryWorker::start_with(
+        &nats.url(),
+        &a.url,
+        &[&flags[..], &["--max-backoff-ms", "200000"]].concat(),
+    )
+    .await;
+    let api = a.api();
+    for i in 0..3 {
+        let (status, body) = api
+            .submit(json!({"operation": "wait", "arguments": {}, "group_id": format!("s{i}"), "id": "c"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for _ in 0..3 {
+        stuck.next_invocation().await;
+    }
+    let (status, body) = api
+        .submit(json!({"operation": "go", "arguments": {}, "group_id": "h", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let dispatched = api.wait_for("h", "c", "call_dispatched").await;
+    assert_eq!(dispatched["payload"]["attempts"], 1);
+    for i in 0..3 {
+        let (_, call) = api.call(&format!("s{i}"), "c").await;
+        assert_eq!(call["status"], "queued", "the stuck calls still wait");
+    }
+    assert_eq!(stuck.invocations().len(), 3);
+}

@@ -172,3 +172,80 @@ async fn a_call_cancelled_during_retries_stops_being_retried() {
     assert_eq!(tool.invocations().iter().filter(|i| i.id == "c").count(), 1);
     assert_eq!(api.count("g", "c", "tool_result").await, 0);
 }
+
+/// A tool asking for a long wait must not hold up another tool: a call
+/// waiting out its `Retry-After` holds none of the attempts in flight.
+#[tokio::test]
+async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
+    let stuck = TestTool::start("stuck", &["wait"]).await;
+    let healthy = TestTool::start("healthy", &["go"]).await;
+    stuck.plan(&[Ack::RetryAfter(429, 120); 3]);
+    let mut options = FerryOptions {
+        tool_servers: vec![stuck.url.clone(), healthy.url.clone()],
+        ..FerryOptions::default()
+    };
+    options
+        .args
+        .extend(["--max-in-flight", "2", "--max-backoff-ms", "200000"].map(String::from));
+    let ferry = Ferry::start(options).await;
+    let api = ferry.api();
+    // More calls waiting to retry than attempts may be in flight.
+    for i in 0..3 {
+        let (status, body) = api
+            .submit(json!({"operation": "wait", "arguments": {}, "group_id": format!("s{i}"), "id": "c"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for _ in 0..3 {
+        stuck.next_invocation().await;
+    }
+    let (status, body) = api
+        .submit(json!({"operation": "go", "arguments": {}, "group_id": "h", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    // `wait_for` gives up after 20 s; the stuck calls wait 120 s.
+    let dispatched = api.wait_for("h", "c", "call_dispatched").await;
+    assert_eq!(dispatched["payload"]["attempts"], 1);
+    assert_eq!(healthy.invocations().len(), 1);
+    for i in 0..3 {
+        let (_, call) = api.call(&format!("s{i}"), "c").await;
+        assert_eq!(
+            (call["status"].as_str(), stuck.invocations().len()),
+            (Some("queued"), 3),
+            "the stuck calls still wait for their retry"
+        );
+    }
+}
+
+/// Bad dispatch settings stop `ferry` before it starts, saying which.
+#[test]
+fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let data = data.path().to_str().unwrap();
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--data", data];
+    let worker = [
+        "worker",
+        "--secret",
+        "s",
+        "--public-url",
+        "http://127.0.0.1:9",
+    ];
+    for (command, flag) in [
+        (&serve[..], "--max-attempts"),
+        (&serve[..], "--max-in-flight"),
+        (&worker[..], "--max-in-flight"),
+    ] {
+        let out = std::process::Command::new(ferry_tests::ferry::binary())
+            .args(command)
+            .args([flag, "0"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{} {flag} 0 started", command[0]);
+        assert!(
+            stderr.contains(&format!("{flag} must be at least 1")),
+            "{} {flag} 0: {stderr}",
+            command[0]
+        );
+    }
+}

@@ -2,15 +2,22 @@
 //! connection errors, 5xx and 429 (honouring `Retry-After`) are retried with
 //! exponential backoff up to a bounded number of attempts; any other answer
 //! is final (`rap-3` Transport: never retry a 4xx).
+//!
+//! What is bounded is the attempts in flight (HTTP requests waiting for a
+//! tool's answer), not the calls being dispatched: a call waiting out its
+//! backoff, or a `Retry-After` of minutes, holds no slot, so a failing tool
+//! cannot keep every other tool's calls from being sent.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backoff::ExponentialBackoffBuilder;
 use ferry_proto::Invocation;
 use reqwest::{header::RETRY_AFTER, StatusCode};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
 use crate::metrics::record_attempt;
 
@@ -31,6 +38,8 @@ pub struct DispatchConfig {
     /// How long one attempt waits for the tool's HTTP answer.
     #[serde(with = "millis")]
     pub ack_timeout: Duration,
+    /// Attempts in flight at once, across calls (at least 1).
+    pub max_in_flight: usize,
 }
 
 impl Default for DispatchConfig {
@@ -40,6 +49,7 @@ impl Default for DispatchConfig {
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
             ack_timeout: Duration::from_secs(10),
+            max_in_flight: 256,
         }
     }
 }
@@ -120,19 +130,26 @@ impl Attempt {
     }
 }
 
-/// Sends invocations; cheap to clone.
+/// Sends invocations; cheap to clone (clones share the in-flight bound).
 #[derive(Clone)]
 pub struct Dispatcher {
     client: reqwest::Client,
     config: DispatchConfig,
+    in_flight: Arc<Semaphore>,
 }
 
 impl Dispatcher {
     pub fn new(client: reqwest::Client, config: DispatchConfig) -> Self {
-        Self { client, config }
+        let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+        Self {
+            client,
+            config,
+            in_flight,
+        }
     }
 
     async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
+        let _slot = self.in_flight.acquire().await.expect("never closed");
         let sent = self
             .client
             .post(endpoint)

@@ -1,5 +1,10 @@
 //! The in-process bus: a FIFO per thread, drained by one task per busy
-//! thread, with a global bound on work in progress.
+//! thread.
+//!
+//! Nothing here bounds how many threads' items are handled at once: an item
+//! may wait minutes in a dispatch backoff, and a bound held through that
+//! wait let one failing tool stall every other tool's calls. The dispatcher
+//! bounds what costs something, the attempts in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -7,36 +12,28 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 use ferry_proto::bus::Work;
 use futures::future::BoxFuture;
-use tokio::sync::Semaphore;
 
 use super::{Bus, Error};
 
 /// What carries out one work item (the worker).
 pub type Handler = Arc<dyn Fn(Work) -> BoxFuture<'static, ()> + Send + Sync>;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct LocalBus {
     inner: Arc<Inner>,
 }
 
+#[derive(Default)]
 struct Inner {
     /// Threads with work queued or in progress. A thread is present exactly
     /// while its drainer task runs, so each thread has at most one.
     queues: Mutex<HashMap<String, VecDeque<Work>>>,
     handler: OnceLock<Handler>,
-    in_progress: Semaphore,
 }
 
 impl LocalBus {
-    /// `concurrency` bounds how many threads' items are handled at once.
-    pub fn new(concurrency: usize) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                queues: Mutex::new(HashMap::new()),
-                handler: OnceLock::new(),
-                in_progress: Semaphore::new(concurrency.max(1)),
-            }),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Sets the handler, once, before anything is published (publishing
@@ -55,9 +52,7 @@ impl Inner {
                 .handler
                 .get()
                 .expect("publish checks the handler is set");
-            let permit = self.in_progress.acquire().await.expect("never closed");
             handler(work).await;
-            drop(permit);
             let mut queues = self.queues.lock().expect("bus lock");
             let queue = queues.get_mut(&group_id).expect("drainer owns its entry");
             match queue.pop_front() {
@@ -116,7 +111,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_thread_in_order_while_others_proceed() {
-        let bus = LocalBus::new(8);
+        let bus = LocalBus::new();
         let (done, mut seen) = mpsc::unbounded_channel();
         let (release, gate) = tokio::sync::watch::channel(false);
         bus.set_handler(Arc::new(move |w: Work| {

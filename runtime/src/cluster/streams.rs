@@ -18,6 +18,9 @@ pub const CONSUMER: &str = "workers";
 /// still at work (`+WPI`) before it is given to another worker.
 pub const ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// Messages of a stream delivered and not yet acked, across workers.
+pub const MAX_ACK_PENDING: usize = 10_000;
+
 #[derive(Debug, thiserror::Error)]
 #[error("NATS JetStream: {0}")]
 pub struct Error(String);
@@ -61,7 +64,7 @@ pub async fn consumer(
                 durable_name: Some(CONSUMER.into()),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
-                max_ack_pending: 10_000,
+                max_ack_pending: MAX_ACK_PENDING as i64,
                 ..Default::default()
             },
         )

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::{info_span, warn, Instrument};
 
 use super::relay::REPLY_HEADER;
-use super::streams::{self, ACK_WAIT, INBOX_STREAM, WORK_STREAM};
+use super::streams::{self, ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
 use crate::http::ApiError;
@@ -32,14 +32,18 @@ pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, con
     consume(&consumer, "requests", concurrency, apply_one).await
 }
 
-/// Carries out dispatch work, forever (through NATS outages).
-pub async fn dispatch_work(worker: Worker, client: async_nats::Client, concurrency: usize) {
+/// Carries out dispatch work, forever (through NATS outages). A message
+/// waiting out a dispatch backoff stays in hand, so only the consumer's
+/// `max_ack_pending` bounds them: a bound of this worker's own would let
+/// one failing tool's calls stall every other call. The attempts in flight
+/// are bounded by the worker's dispatcher.
+pub async fn dispatch_work(worker: Worker, client: async_nats::Client) {
     let consumer = bound(&client, WORK_STREAM).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
     };
-    consume(&consumer, "work", concurrency, carry_out_one).await
+    consume(&consumer, "work", MAX_ACK_PENDING, carry_out_one).await
 }
 
 /// Pulls messages forever (pulling again after an outage), each handled on

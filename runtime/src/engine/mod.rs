@@ -329,7 +329,7 @@ mod tests {
         Engine::new(
             Config::default(),
             store,
-            Arc::new(LocalBus::new(1)),
+            Arc::new(LocalBus::new()),
             Capabilities::new(b"secret"),
             reqwest::Client::new(),
         )
