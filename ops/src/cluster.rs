@@ -165,6 +165,12 @@ pub async fn start_runtime(
         Outbox::open(&options.data.join("outbox"))
             .with_context(|| format!("opening the outbox in {}", options.data.display()))?,
     );
+    if outbox.unreadable() > 0 {
+        warn!(
+            entries = outbox.unreadable(),
+            "the outbox holds journal entries this build cannot read (its `unreadable` tree); they are not relayed"
+        );
+    }
     let node = node_id(&options.data)?;
     let listener = TcpListener::bind(options.listen)
         .await

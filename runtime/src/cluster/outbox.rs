@@ -2,11 +2,16 @@
 //! fsynced (group commit) before the node answers, then relayed to NATS and
 //! removed. What a crash or a NATS outage leaves here is relayed later
 //! (invariants 1 and 7).
+//!
+//! An entry this build cannot read (written by another version, say) is
+//! moved to the `unreadable` tree, kept for an operator, rather than left
+//! to hold back every entry after it.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tracing::error;
 
 use crate::engine::requests::Request;
 use crate::store::commit::GroupCommit;
@@ -15,8 +20,6 @@ use crate::store::commit::GroupCommit;
 pub enum Error {
     #[error("the outbox failed: {0}")]
     Backend(String),
-    #[error("an outbox entry is unreadable: {0}")]
-    Corrupt(String),
 }
 
 fn backend(e: impl std::fmt::Display) -> Error {
@@ -35,6 +38,8 @@ pub struct Entry {
 pub struct Outbox {
     db: Arc<sled::Db>,
     entries: sled::Tree,
+    /// Entries `pending` could not decode, under their own keys.
+    unreadable: sled::Tree,
     commit: GroupCommit,
 }
 
@@ -44,6 +49,7 @@ impl Outbox {
         let db = Arc::new(sled::open(dir).map_err(backend)?);
         Ok(Self {
             entries: db.open_tree("outbox").map_err(backend)?,
+            unreadable: db.open_tree("unreadable").map_err(backend)?,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             db,
         })
@@ -69,20 +75,41 @@ impl Outbox {
         self.commit.flush().await.map_err(Error::Backend)
     }
 
-    /// Up to `limit` entries still to relay, oldest first.
+    /// Up to `limit` entries still to relay, oldest first. Unreadable ones
+    /// are set aside on the way.
     pub fn pending(&self, limit: usize) -> Result<Vec<(u64, Entry)>, Error> {
         let mut out = vec![];
-        for item in self.entries.iter().take(limit) {
+        for item in self.entries.iter() {
+            if out.len() == limit {
+                break;
+            }
             let (key, value) = item.map_err(backend)?;
-            let number = u64::from_be_bytes(
-                key.as_ref()
-                    .try_into()
-                    .map_err(|_| Error::Corrupt("bad key".into()))?,
-            );
-            let entry = rmp_serde::from_slice(&value).map_err(|e| Error::Corrupt(e.to_string()))?;
-            out.push((number, entry));
+            let number = <[u8; 8]>::try_from(key.as_ref()).map(u64::from_be_bytes);
+            match (number, rmp_serde::from_slice::<Entry>(&value)) {
+                (Ok(number), Ok(entry)) => out.push((number, entry)),
+                (number, entry) => {
+                    let why = match entry {
+                        Err(e) => e.to_string(),
+                        Ok(_) => "its key is not an entry number".into(),
+                    };
+                    error!(key = ?number.ok(), error = %why, "unreadable journal entry set aside in the `unreadable` tree; it will not be relayed");
+                    self.set_aside(&key, value)?;
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// Moves an entry to `unreadable` (copied first: a crash in between
+    /// leaves it in both, and the next `pending` moves it again).
+    fn set_aside(&self, key: &[u8], value: sled::IVec) -> Result<(), Error> {
+        self.unreadable.insert(key, value).map_err(backend)?;
+        self.entries.remove(key).map(drop).map_err(backend)
+    }
+
+    /// How many entries were set aside as unreadable.
+    pub fn unreadable(&self) -> usize {
+        self.unreadable.len()
     }
 
     /// Forgets a relayed entry (made durable with the next group commit; a
@@ -100,5 +127,66 @@ impl Outbox {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(group_id: &str) -> Entry {
+        Entry {
+            group_id: group_id.into(),
+            reply_to: None,
+            request: Request::Close {
+                group_id: group_id.into(),
+            },
+        }
+    }
+
+    fn groups(pending: &[(u64, Entry)]) -> Vec<&str> {
+        pending.iter().map(|(_, e)| e.group_id.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_entry_is_set_aside_and_holds_back_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let outbox = Outbox::open(dir.path()).unwrap();
+            for (number, g) in [(1, "a"), (3, "b")] {
+                outbox
+                    .append(number, Outbox::encode(&entry(g)))
+                    .await
+                    .unwrap();
+            }
+            // Between them: bytes no build reads, and a key that is no
+            // entry number.
+            outbox
+                .append(2, b"\xc1 not an entry".to_vec())
+                .await
+                .unwrap();
+            outbox
+                .entries
+                .insert(b"odd", Outbox::encode(&entry("c")))
+                .unwrap();
+            let pending = outbox.pending(10).unwrap();
+            assert_eq!(groups(&pending), ["a", "b"]);
+            assert_eq!((outbox.len(), outbox.unreadable()), (2, 2));
+            // The limit counts what is relayed, not what was set aside.
+            assert_eq!(groups(&outbox.pending(1).unwrap()), ["a"]);
+            outbox.db.flush().unwrap();
+        }
+        // Kept across a restart, out of the way.
+        let outbox = Outbox::open(dir.path()).unwrap();
+        assert_eq!(groups(&outbox.pending(10).unwrap()), ["a", "b"]);
+        assert_eq!(outbox.unreadable(), 2);
+        assert_eq!(
+            outbox
+                .unreadable
+                .get(2u64.to_be_bytes())
+                .unwrap()
+                .as_deref(),
+            Some(&b"\xc1 not an entry"[..])
+        );
     }
 }
