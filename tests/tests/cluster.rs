@@ -720,3 +720,66 @@ async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
     }
     assert_eq!(stuck.invocations().len(), 3);
 }
+
+/// A relayed request applied a second time (its worker died after storing
+/// the commit, before acking) records nothing new. This matters for a
+/// `subscription_event`, which has no id of its own for state to dedupe
+/// by. The redelivery is made by hand: the same request published twice
+/// under one `Ferry-Request` id (and two inbox message ids, so the inbox
+/// stream keeps both).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_applied_twice_records_its_subscription_event_once() {
+    use ferry_runtime::engine::requests::{Refusal, Reply, Request};
+    use futures::StreamExt;
+    let c = Cluster::start(1).await;
+    let a = c.a.api();
+    let url = path_of(&c.dispatched(&a, "g", "s").await);
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "subscribed", "subscription": true});
+    let (status, body) = a.post(&url, &opened).await;
+    assert_eq!(status, 200, "{body}");
+    let token = url.rsplit('/').next().unwrap().to_owned();
+    let event =
+        json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": "tick"});
+    let request = rmp_serde::to_vec_named(&Request::Callback {
+        token,
+        body: serde_json::to_vec(&event).unwrap(),
+    })
+    .unwrap();
+    let nats = async_nats::connect(c.nats.url()).await.unwrap();
+    let mut answers = nats.subscribe("test.answers").await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    // One request delivered twice, then another with the same body (a tool
+    // that sent the event twice: two events).
+    for (message, request_id) in [("m1", "r1"), ("m2", "r1"), ("m3", "r2")] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", message);
+        headers.insert("Ferry-Request", request_id);
+        headers.insert("Ferry-Reply", "test.answers");
+        let subject = ferry_runtime::cluster::subjects::inbox("g");
+        js.publish_with_headers(subject, headers, request.clone().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut outcomes = vec![];
+    for _ in 0..3 {
+        let answer = tokio::time::timeout(Duration::from_secs(20), answers.next())
+            .await
+            .expect("a worker answers every request")
+            .unwrap();
+        match rmp_serde::from_slice::<Result<Reply, Refusal>>(&answer.payload).unwrap() {
+            Ok(Reply::Callback { outcome }) => outcomes.push(outcome),
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, ["applied", "applied", "duplicate"]);
+    let ticks = a
+        .events("g", 0)
+        .await
+        .iter()
+        .filter(|e| e["type"] == "subscription_event")
+        .count();
+    assert_eq!(ticks, 2, "one per request, not per delivery");
+}

@@ -25,6 +25,11 @@ use crate::http::{ApiError, Perform};
 /// The header naming the subject a worker sends its answer to.
 pub const REPLY_HEADER: &str = "Ferry-Reply";
 
+/// The header naming a relayed request (`<node>-<outbox number>`): the
+/// worker applying it gives its commits message ids derived from it, so a
+/// request applied twice is stored once (`store::jetstream::applying`).
+pub const REQUEST_HEADER: &str = "Ferry-Request";
+
 /// How many outbox entries one relay round publishes before awaiting acks.
 const RELAY_BATCH: usize = 256;
 
@@ -141,7 +146,9 @@ impl Relay {
         let mut acks = Vec::with_capacity(batch.len());
         for (number, entry) in batch {
             let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", format!("{}-{number}", self.node).as_str());
+            let id = format!("{}-{number}", self.node);
+            headers.insert("Nats-Msg-Id", id.as_str());
+            headers.insert(REQUEST_HEADER, id.as_str());
             if let Some(reply_to) = &entry.reply_to {
                 headers.insert(REPLY_HEADER, reply_to.as_str());
             }

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tracing::{info_span, warn, Instrument};
 
-use super::relay::REPLY_HEADER;
+use super::relay::{REPLY_HEADER, REQUEST_HEADER};
 use super::streams::{self, ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
@@ -106,9 +106,15 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
         }
     };
     let span = info_span!("request", group_id = request.group_id().unwrap_or(""));
+    let id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(REQUEST_HEADER))
+        .map(|id| id.to_string());
     // A request slower than the ack deadline (NATS slow to answer, say)
     // must not be handed to a second worker meanwhile: say we are at it.
-    let answer = at_work(&message, engine.perform(request).instrument(span)).await;
+    let applied = store::jetstream::applying(id, engine.perform(request));
+    let answer = at_work(&message, applied.instrument(span)).await;
     if let Err(e) = &answer {
         if is_transient(e) {
             // Leave it for a later attempt (by this or another worker).

@@ -231,6 +231,18 @@ impl Engine {
                     );
                     continue;
                 }
+                Err(store::Error::AlreadyApplied(_)) => {
+                    // Applied before, by a worker that died before acking
+                    // the request: answer as for any repeat, from what the
+                    // store holds now.
+                    tracing::info!(group_id, "request already applied; nothing recorded");
+                    let state = self.store.load(group_id, &command.call_ids()).await?;
+                    return Ok(Executed {
+                        decision: thread::Decision::nothing(thread::Outcome::Duplicate),
+                        events: vec![],
+                        state,
+                    });
+                }
                 Err(e) => return Err(e.into()),
                 Ok(()) => {}
             }

@@ -18,8 +18,18 @@
 //! An acknowledged publish is durable: the server runs with
 //! `sync_interval: always` (or R3 streams; see `ops/nats/`), so `flush` has
 //! nothing left to do.
+//!
+//! A commit written while a worker applies a relayed request ([`applying`])
+//! carries `Nats-Msg-Id` = the request's id and the commit's ordinal within
+//! it. A request applied twice (its worker died after the commit, before
+//! the ack) then finds its commit already stored and changes nothing,
+//! which matters for what state cannot dedupe: a `subscription_event` has
+//! no id of its own. The window is the stream's `duplicate_window`, two
+//! minutes, against JetStream's 10 s ack deadline.
 
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,6 +56,32 @@ pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 /// The header carrying a commit's last event sequence number, so watchers
 /// learn a thread's tip without decoding the commit.
 const LAST_SEQ_HEADER: &str = "Ferry-Last-Seq";
+
+tokio::task_local! {
+    /// The relayed request being applied, and how many commits it stored.
+    static REQUEST: (String, Cell<u32>);
+}
+
+/// Runs `work` (applying the relayed request `id`) so that the commits it
+/// writes are stored once however often the request is applied.
+pub async fn applying<T>(id: Option<String>, work: impl Future<Output = T>) -> T {
+    match id {
+        Some(id) => REQUEST.scope((id, Cell::new(0)), work).await,
+        None => work.await,
+    }
+}
+
+/// The `Nats-Msg-Id` of the next commit of the request being applied.
+fn commit_id() -> Option<String> {
+    REQUEST
+        .try_with(|(id, stored)| format!("{id}/{}", stored.get()))
+        .ok()
+}
+
+/// Counts a commit of the request being applied as stored.
+fn commit_stored() {
+    let _ = REQUEST.try_with(|(_, stored)| stored.set(stored.get() + 1));
+}
 
 /// A call's record as of the thread's event `seq`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -334,6 +370,8 @@ impl JetStreamStore {
                 _ => backend(e),
             })?;
         match ack.await {
+            // Only commits of a request being applied carry a message id.
+            Ok(ack) if ack.duplicate => Err(Error::AlreadyApplied(subject)),
             Ok(_) => Ok(()),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                 Err(Error::Conflict(subject))
@@ -433,8 +471,16 @@ impl Store for JetStreamStore {
             expected_stream_seq.to_string().as_str(),
         );
         headers.insert(LAST_SEQ_HEADER, commit.meta.last_seq.to_string().as_str());
-        self.publish(subjects::log(group_id), headers, body.into())
-            .await?;
+        if let Some(id) = commit_id() {
+            headers.insert("Nats-Msg-Id", id.as_str());
+        }
+        let published = self
+            .publish(subjects::log(group_id), headers, body.into())
+            .await;
+        if matches!(published, Ok(()) | Err(Error::AlreadyApplied(_))) {
+            commit_stored();
+        }
+        published?;
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
         advance(&self.tips, group_id, commit.meta.last_seq);
         Ok(())

@@ -36,6 +36,10 @@ pub enum Error {
     /// Another writer appended to the thread first; reload and decide again.
     #[error("thread {0:?} changed concurrently")]
     Conflict(String),
+    /// The request this write belongs to already stored it (it is being
+    /// applied a second time, after a worker died before acking it).
+    #[error("thread {0:?} already holds this request's commit")]
+    AlreadyApplied(String),
 }
 
 /// A receiver of a thread's last durable sequence number. Dropping it lets

@@ -134,7 +134,7 @@ impl Decision {
         }
     }
 
-    fn nothing(outcome: Outcome) -> Self {
+    pub(crate) fn nothing(outcome: Outcome) -> Self {
         Self {
             changes: vec![],
             outcome,
