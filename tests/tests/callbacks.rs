@@ -442,3 +442,39 @@ async fn demo_tools_exercise_the_protocol_end_to_end() {
         .unwrap()
         .starts_with("Error: "));
 }
+
+/// `rap-3`: "A runtime should bound the number of active subscriptions per
+/// thread." One past the bound: the agent gets the result, the tool is
+/// told to cancel, and the thread's active set does not grow.
+#[tokio::test]
+async fn a_subscription_past_the_threads_bound_is_cancelled_at_once() {
+    let bound = ferry_runtime::thread::MAX_ACTIVE_SUBSCRIPTIONS;
+    let s = Setup::new().await;
+    let api = s.api();
+    let opened = |id: &str| json!({"type": "tool_result", "group_id": "g", "id": id, "text": "watching", "subscription": true});
+    for i in 0..bound {
+        let id = format!("s{i}");
+        let url = s.dispatched("g", &id).await;
+        let (status, body) = api.post(&url, &opened(&id)).await;
+        assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
+    }
+    let url = s.dispatched("g", "over").await;
+    let (status, body) = api.post(&url, &opened("over")).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
+    let (kind, notice) = s.tool.next_notice().await;
+    assert_eq!(kind, "cancel_tool_call");
+    assert_eq!(notice, json!({"thread_id": "g", "tool_call_id": "over"}));
+    let (_, thread) = api.thread("g").await;
+    let active = thread["active_subscriptions"].as_array().unwrap();
+    assert_eq!(active.len(), bound);
+    assert!(!active.contains(&json!("over")));
+    let (_, call) = api.call("g", "over").await;
+    assert_eq!(
+        (call["status"].as_str(), call["result"]["text"].as_str()),
+        (Some("cancelled"), Some("watching"))
+    );
+    let last: Vec<String> = types(&api, "g").await.into_iter().rev().take(2).collect();
+    assert_eq!(last, ["subscription_cancelled", "tool_result"]);
+    let (status, _) = api.post(&url, &event("g", "over", "tick", false)).await;
+    assert_eq!(status, 410);
+}

@@ -79,6 +79,16 @@ impl Engine {
                         .increment(1);
                     info!(group_id, call_id = %id, ?status, is_error, "call finished");
                 }
+                EventKind::SubscriptionCancelled {} => {
+                    warn!(
+                        group_id, call_id = %id, limit = crate::thread::MAX_ACTIVE_SUBSCRIPTIONS,
+                        "subscription refused: the thread holds as many active subscriptions as it may"
+                    );
+                    tokio::spawn(
+                        self.notifier
+                            .cancel_tool_call(self.servers(), &group_id, &id),
+                    );
+                }
                 EventKind::SubscriptionEvent { is_final: true, .. }
                     if executed.state.calls[&id].status == CallStatus::Completed =>
                 {

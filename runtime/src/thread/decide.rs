@@ -5,7 +5,7 @@ use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::Callback;
 
 use super::state::{grant_key, CallRecord, NewCall, ThreadState};
-use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT};
+use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS};
 
 /// Something asked of a thread.
 #[derive(Debug, Clone, PartialEq)]
@@ -489,14 +489,27 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
     let change = |kind| Ok(Decision::applied(vec![Change::of(id, kind)]));
     match cb {
         Callback::ToolResult(r) => match call.status {
-            s if s.is_pending() => change(EventKind::ToolResult {
-                text: r.model_text(),
-                content: r.content.clone(),
-                display_as: r.display_as.clone(),
-                is_error: r.is_error(),
-                subscription: r.subscription,
-                origin: ResultOrigin::Tool,
-            }),
+            s if s.is_pending() => {
+                let result = Change::of(
+                    id,
+                    EventKind::ToolResult {
+                        text: r.model_text(),
+                        content: r.content.clone(),
+                        display_as: r.display_as.clone(),
+                        is_error: r.is_error(),
+                        subscription: r.subscription,
+                        origin: ResultOrigin::Tool,
+                    },
+                );
+                let opens = r.subscription && !call.subscription_ended;
+                if opens && state.meta.active_subscriptions.len() >= MAX_ACTIVE_SUBSCRIPTIONS {
+                    // The thread holds all it may: the agent gets the
+                    // result, the tool is told to stop.
+                    let cancelled = Change::of(id, EventKind::SubscriptionCancelled {});
+                    return Ok(Decision::applied(vec![result, cancelled]));
+                }
+                Ok(Decision::applied(vec![result]))
+            }
             CallStatus::Cancelled => Ok(Decision::nothing(Outcome::Ignored)),
             // Completed, failed or subscribed: the outcome is already
             // recorded, and a call has exactly one (invariant 2).

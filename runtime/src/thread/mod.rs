@@ -25,5 +25,10 @@ pub const LOST_CALL_TEXT: &str = "Error: the tool server is no longer processing
 pub const LOST_SUBSCRIPTION_TEXT: &str =
     "Error: the tool server is no longer processing this subscription";
 
+/// Active subscriptions one thread may hold (`rap-3`: "A runtime should
+/// bound the number of active subscriptions per thread"). A result that
+/// would open one more is recorded, and its subscription cancelled at once.
+pub const MAX_ACTIVE_SUBSCRIPTIONS: usize = 64;
+
 #[cfg(test)]
 mod tests;

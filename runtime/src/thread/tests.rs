@@ -221,6 +221,59 @@ fn a_subscription_event_may_overtake_its_result() {
 }
 
 #[test]
+fn a_thread_holds_at_most_its_bound_of_active_subscriptions() {
+    let mut steps = vec![];
+    for i in 0..MAX_ACTIVE_SUBSCRIPTIONS {
+        let id = format!("s{i}");
+        steps.push((
+            Command::Submit(new_call(&id, json!({}))),
+            Ok(&["call_accepted"][..]),
+        ));
+        steps.push((result(&id, "subscribed", true), Ok(&["tool_result"][..])));
+    }
+    for id in ["over", "plain"] {
+        steps.push((
+            Command::Submit(new_call(id, json!({}))),
+            Ok(&["call_accepted"][..]),
+        ));
+    }
+    // One more: the agent gets the result; the subscription is cancelled.
+    steps.push((
+        result("over", "subscribed", true),
+        Ok(&["tool_result", "subscription_cancelled"][..]),
+    ));
+    // A plain result is not held back by the bound.
+    steps.push((result("plain", "done", false), Ok(&["tool_result"][..])));
+    steps.push((
+        sub_event("over", "tick", false),
+        Err(Rejection::SubscriptionGone("over".into())),
+    ));
+    // Once one ends, another may open.
+    steps.push((
+        sub_event("s0", "bye", true),
+        Ok(&["subscription_event"][..]),
+    ));
+    steps.push((
+        Command::Submit(new_call("next", json!({}))),
+        Ok(&["call_accepted"][..]),
+    ));
+    steps.push((result("next", "subscribed", true), Ok(&["tool_result"][..])));
+    let state = check(steps);
+    assert_eq!(
+        state.meta.active_subscriptions.len(),
+        MAX_ACTIVE_SUBSCRIPTIONS
+    );
+    assert!(!state.meta.active_subscriptions.contains("over"));
+    assert_eq!(status(&state, "over"), CallStatus::Cancelled);
+    assert_eq!(
+        state.calls["over"].result.as_ref().unwrap().text,
+        "subscribed"
+    );
+    assert_eq!(status(&state, "plain"), CallStatus::Completed);
+    assert_eq!(status(&state, "next"), CallStatus::Subscribed);
+}
+
+#[test]
 fn a_final_event_before_the_result_leaves_no_active_subscription() {
     let state = check(vec![
         (
