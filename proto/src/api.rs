@@ -207,6 +207,11 @@ pub enum EventKind {
     },
     /// The tool's `response_url` accepted the answer.
     ChoiceDelivered {},
+    /// The tool's `response_url` refused the answer with this 4xx status:
+    /// it is not sent again.
+    ChoiceRefused {
+        status: u16,
+    },
     /// The agent cancelled a pending call. (Variants without data are empty
     /// structs so that every event carries a `payload`, `{}` here.)
     CallCancelled {},
@@ -302,7 +307,7 @@ pub enum ResultOrigin {
 
 impl EventKind {
     /// Every `type` tag, in declaration order: what a reader may filter on.
-    pub const NAMES: [&'static str; 15] = [
+    pub const NAMES: [&'static str; 16] = [
         "call_accepted",
         "call_dispatched",
         "tool_result",
@@ -315,6 +320,7 @@ impl EventKind {
         "grant_revoked",
         "choice_made",
         "choice_delivered",
+        "choice_refused",
         "call_cancelled",
         "subscription_cancelled",
         "thread_closed",
@@ -335,6 +341,7 @@ impl EventKind {
             Self::GrantRevoked { .. } => "grant_revoked",
             Self::ChoiceMade { .. } => "choice_made",
             Self::ChoiceDelivered {} => "choice_delivered",
+            Self::ChoiceRefused { .. } => "choice_refused",
             Self::CallCancelled {} => "call_cancelled",
             Self::SubscriptionCancelled {} => "subscription_cancelled",
             Self::ThreadClosed {} => "thread_closed",

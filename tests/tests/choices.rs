@@ -215,3 +215,64 @@ async fn the_demo_gates_drop_table_and_asks_pick_region() {
     assert_eq!(result["payload"]["text"], "region: ap-south");
     api.wait_for("g", "p", "choice_delivered").await;
 }
+
+/// A `response_url` that answers `statuses` in turn, then 200; returns its
+/// URL and how many answers it has sent.
+async fn response_url(
+    statuses: Vec<u16>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let app = axum::Router::new().route(
+        "/choice",
+        axum::routing::post(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            let status = statuses.get(n).copied().unwrap_or(200);
+            async move { axum::http::StatusCode::from_u16(status).unwrap() }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/choice", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// Answers the call's choice through Ferry, after the tool asked with
+/// `response_url`.
+async fn answer(ferry: &Ferry, url: &str, response_url: &str) {
+    let api = ferry.api();
+    let ask = json!({"type": "user_choice", "group_id": "g", "id": "c", "prompt": "Which region?",
+                     "choices": ["eu-west", "us-east"], "default": 0, "response_url": response_url});
+    assert_eq!(api.post(url, &ask).await.0, 200);
+    let (status, call) = api
+        .post("/v1/threads/g/calls/c/choice", &json!({"index": 1}))
+        .await;
+    assert_eq!(status, 200, "{call}");
+}
+
+#[tokio::test]
+async fn an_answer_reaches_a_tool_that_was_down_for_a_while() {
+    let (ferry, _tool, url) = setup().await;
+    // Five failures: as many as a delivery used to try before it waited
+    // for Ferry's next start.
+    let (response, seen) = response_url(vec![503; 5]).await;
+    answer(&ferry, &url, &response).await;
+    ferry.api().wait_for("g", "c", "choice_delivered").await;
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn an_answer_the_tool_refuses_is_recorded_and_not_sent_again() {
+    let (ferry, _tool, url) = setup().await;
+    let (response, seen) = response_url(vec![410]).await;
+    answer(&ferry, &url, &response).await;
+    let api = ferry.api();
+    let refused = api.wait_for("g", "c", "choice_refused").await;
+    assert_eq!(refused["payload"], json!({"status": 410}));
+    assert_eq!(api.count("g", "c", "choice_delivered").await, 0);
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The call still waits for its result.
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["status"], "dispatched");
+}

@@ -18,7 +18,7 @@ use ferry_proto::bus::Work;
 use tracing::{info, instrument, warn};
 
 pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure};
-pub use notify::{CallLiveness, Notifier};
+pub use notify::{CallLiveness, ChoiceDelivery, Notifier};
 
 /// Where a worker reports what happened to the calls it dispatches. The
 /// runtime implements it by deciding through the thread state machine.

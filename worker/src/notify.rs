@@ -21,6 +21,16 @@ pub enum CallLiveness {
     Unknown,
 }
 
+/// How one delivery of a user's choice went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChoiceDelivery {
+    Accepted,
+    /// A 4xx: the tool will not take it, however often sent.
+    Refused(u16),
+    /// A transport error or another status: worth sending again.
+    Failed,
+}
+
 #[derive(Clone)]
 pub struct Notifier {
     client: reqwest::Client,
@@ -90,40 +100,34 @@ impl Notifier {
     }
 
     /// POSTs a user's answer, `{"id": <call id>, "selected": <index>}` (the
-    /// body `rap-3` defines), to the tool's `response_url`: retried with
-    /// backoff on a transport error or 5xx, at most `attempts` times; a 4xx
-    /// is final. Returns whether the tool accepted it.
+    /// body `rap-3` defines), to the tool's `response_url`, once: the caller
+    /// retries a [`ChoiceDelivery::Failed`].
     pub async fn deliver_choice(
         &self,
         response_url: &str,
         id: &str,
         index: usize,
-        attempts: u32,
-    ) -> bool {
+    ) -> ChoiceDelivery {
         let body = serde_json::json!({"id": id, "selected": index});
-        let mut delay = Duration::from_millis(200);
-        for attempt in 1..=attempts.max(1) {
-            let sent = self
-                .client
-                .post(response_url)
-                .timeout(self.timeout)
-                .json(&body)
-                .send()
-                .await;
-            match sent {
-                Ok(r) if r.status().is_success() => return true,
-                Ok(r) if r.status().is_client_error() => {
-                    debug!(status = %r.status(), "tool refused the choice");
-                    return false;
-                }
-                _ if attempt < attempts => {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
-                _ => {}
+        let sent = self
+            .client
+            .post(response_url)
+            .timeout(self.timeout)
+            .json(&body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => ChoiceDelivery::Accepted,
+            Ok(r) if r.status().is_client_error() => ChoiceDelivery::Refused(r.status().as_u16()),
+            Ok(r) => {
+                debug!(status = %r.status(), "the tool could not take the choice yet");
+                ChoiceDelivery::Failed
+            }
+            Err(e) => {
+                debug!(error = %e, "the choice could not be sent");
+                ChoiceDelivery::Failed
             }
         }
-        false
     }
 
     /// Asks the server that got a call whether it still processes it.

@@ -1,16 +1,20 @@
 //! Answering a tool's `user_choice`: the answer is recorded durably, then
-//! POSTed to the tool's `response_url` (retried; re-sent after a restart
-//! until the tool accepts it).
+//! POSTed to the tool's `response_url` until the tool accepts it (or
+//! refuses it with a 4xx), through the tool's outages, without a restart.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use ferry_worker::ChoiceDelivery;
 use tracing::{info, warn};
 
 use super::{Engine, Error};
 use crate::thread::{Answer, CallRecord, ChoiceAnswer, Command};
 
-/// Delivery attempts per try (each restart tries again).
-const DELIVERY_ATTEMPTS: u32 = 5;
+/// The first pause between deliveries of one answer; it doubles up to
+/// [`MAX_RETRY_DELAY`].
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 
 impl Engine {
     /// Records the user's answer and starts delivering it to the tool.
@@ -37,27 +41,63 @@ impl Engine {
         Ok(call)
     }
 
-    /// Sends an answer in the background and records its delivery.
+    /// Delivers an answer in the background and records how it went. One
+    /// delivery per call at a time in this process: the recovery sweep asks
+    /// again for answers still owed, and must not start a second.
     pub(crate) fn deliver(self: &Arc<Self>, group_id: &str, id: &str, answer: ChoiceAnswer) {
+        let key = (group_id.to_owned(), id.to_owned());
+        if !self.delivering.lock().expect("lock").insert(key.clone()) {
+            return;
+        }
         let engine = self.clone();
-        let (group_id, id) = (group_id.to_owned(), id.to_owned());
         tokio::spawn(async move {
-            let delivered = engine
-                .notifier
-                .deliver_choice(&answer.response_url, &id, answer.index, DELIVERY_ATTEMPTS)
-                .await;
-            if !delivered {
-                warn!(
-                    group_id,
-                    call_id = id,
-                    "the tool did not take the choice; retried at next start"
-                );
-                return;
+            let (group_id, id) = (&key.0, &key.1);
+            let command = engine.delivery(group_id, id, &answer).await;
+            if let Some(command) = command {
+                if let Err(e) = engine.execute(group_id, command).await {
+                    warn!(group_id, call_id = id, error = %e, "could not record how the choice's delivery went");
+                }
             }
-            let command = Command::ChoiceDelivered { id: id.clone() };
-            if let Err(e) = engine.execute(&group_id, command).await {
-                warn!(group_id, call_id = id, error = %e, "could not record the choice's delivery");
-            }
+            engine.delivering.lock().expect("lock").remove(&key);
         });
+    }
+
+    /// Sends `answer` until the tool accepts or refuses it; `None` when the
+    /// call stopped owing it meanwhile (cancelled, or delivered by another
+    /// worker).
+    async fn delivery(&self, group_id: &str, id: &str, answer: &ChoiceAnswer) -> Option<Command> {
+        let mut delay = FIRST_RETRY_DELAY;
+        loop {
+            let sent = self
+                .notifier
+                .deliver_choice(&answer.response_url, id, answer.index)
+                .await;
+            match sent {
+                ChoiceDelivery::Accepted => {
+                    return Some(Command::ChoiceDelivered { id: id.into() });
+                }
+                ChoiceDelivery::Refused(status) => {
+                    warn!(
+                        group_id,
+                        call_id = id,
+                        status,
+                        "the tool refused the choice"
+                    );
+                    return Some(Command::ChoiceRefused {
+                        id: id.into(),
+                        status,
+                    });
+                }
+                ChoiceDelivery::Failed => {}
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+            // A store error leaves the answer owed: keep trying.
+            if let Ok(call) = self.store.call(group_id, id).await {
+                if call.and_then(|c| c.undelivered_choice).as_ref() != Some(answer) {
+                    return None;
+                }
+            }
+        }
     }
 }

@@ -120,6 +120,8 @@ pub struct Engine {
     /// Where approval timeouts are armed; `start_timers` takes the queue.
     timers: tokio::sync::mpsc::UnboundedSender<approvals::Timer>,
     timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
+    /// Calls whose user's answer this process is delivering.
+    delivering: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -150,6 +152,7 @@ impl Engine {
             notifier: Notifier::new(client.clone()),
             client,
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            delivering: Default::default(),
         }
     }
 

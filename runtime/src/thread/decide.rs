@@ -64,6 +64,11 @@ pub enum Command {
     ChoiceDelivered {
         id: String,
     },
+    /// The tool's `response_url` refused the answer (a 4xx).
+    ChoiceRefused {
+        id: String,
+        status: u16,
+    },
 }
 
 /// A user's answer: by index, or by the text of a choice.
@@ -86,7 +91,8 @@ impl Command {
             | Command::Lost { id }
             | Command::Decide { id, .. }
             | Command::Choose { id, .. }
-            | Command::ChoiceDelivered { id } => vec![id],
+            | Command::ChoiceDelivered { id }
+            | Command::ChoiceRefused { id, .. } => vec![id],
             Command::Callback(cb) => cb.call_id().into_iter().collect(),
             Command::Close | Command::Revoke { .. } => vec![],
         }
@@ -315,6 +321,15 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             let call = existing(state, id)?;
             Ok(if call.undelivered_choice.is_some() {
                 Decision::applied(vec![Change::of(id, EventKind::ChoiceDelivered {})])
+            } else {
+                Decision::nothing(Outcome::Duplicate)
+            })
+        }
+        Command::ChoiceRefused { id, status } => {
+            let call = existing(state, id)?;
+            Ok(if call.undelivered_choice.is_some() {
+                let refused = EventKind::ChoiceRefused { status: *status };
+                Decision::applied(vec![Change::of(id, refused)])
             } else {
                 Decision::nothing(Outcome::Duplicate)
             })

@@ -189,7 +189,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     });
                     CallStatus::Dispatched
                 }
-                EventKind::ChoiceDelivered {} => {
+                EventKind::ChoiceDelivered {} | EventKind::ChoiceRefused { .. } => {
                     call.undelivered_choice = None;
                     call.status
                 }

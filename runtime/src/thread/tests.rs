@@ -146,10 +146,29 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         ["u".to_owned()].into(),
         "its answer is owed"
     );
+    let mut delivered = state.clone();
+    let changes = decide(&delivered, &Command::ChoiceDelivered { id: "u".into() }).unwrap();
+    apply(&mut delivered, "t", changes.changes);
+    assert!(delivered.meta.unsettled.is_empty());
+    // A tool that refuses the answer (a 4xx) is not owed it any more, and
+    // hearing so twice records nothing.
+    let refused = Command::ChoiceRefused {
+        id: "u".into(),
+        status: 410,
+    };
     let mut state = state;
-    let delivered = decide(&state, &Command::ChoiceDelivered { id: "u".into() }).unwrap();
-    apply(&mut state, "t", delivered.changes);
+    let changes = decide(&state, &refused).unwrap();
+    assert_eq!(
+        changes.changes[0].kind,
+        EventKind::ChoiceRefused { status: 410 }
+    );
+    apply(&mut state, "t", changes.changes);
     assert!(state.meta.unsettled.is_empty());
+    assert_eq!(status(&state, "u"), CallStatus::Completed);
+    assert_eq!(
+        decide(&state, &refused).unwrap().outcome,
+        Outcome::Duplicate
+    );
 }
 
 #[test]
