@@ -4,8 +4,10 @@
 //! (invariants 1 and 7).
 //!
 //! An entry this build cannot read (written by another version, say) is
-//! moved to the `unreadable` tree, kept for an operator, rather than left
-//! to hold back every entry after it.
+//! moved to the `unreadable` tree rather than left to hold back every entry
+//! after it. Each start tries those again and puts back, under their own
+//! numbers, the ones it can read: a node rolled back and then forward again
+//! relays what the older build set aside.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -47,12 +49,30 @@ impl Outbox {
     /// Opens the outbox in `dir` (inside a tokio runtime: group commit).
     pub fn open(dir: &Path) -> Result<Self, Error> {
         let db = Arc::new(sled::open(dir).map_err(backend)?);
-        Ok(Self {
+        let outbox = Self {
             entries: db.open_tree("outbox").map_err(backend)?,
             unreadable: db.open_tree("unreadable").map_err(backend)?,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             db,
-        })
+        };
+        outbox.take_back_readable()?;
+        Ok(outbox)
+    }
+
+    /// Moves back to the outbox the set-aside entries this build reads
+    /// (copied first: a crash in between leaves one in both, and the
+    /// outbox's copy wins).
+    fn take_back_readable(&self) -> Result<(), Error> {
+        for item in self.unreadable.iter() {
+            let (key, value) = item.map_err(backend)?;
+            let readable = key.len() == 8 && rmp_serde::from_slice::<Entry>(&value).is_ok();
+            if readable {
+                self.entries.insert(&key, value).map_err(backend)?;
+                self.unreadable.remove(&key).map_err(backend)?;
+            }
+        }
+        self.db.flush().map_err(backend)?;
+        Ok(())
     }
 
     /// A new entry number, increasing across restarts: it names the entry
@@ -188,5 +208,19 @@ mod tests {
                 .as_deref(),
             Some(&b"\xc1 not an entry"[..])
         );
+        // What an older build set aside, this one reads: at its start it
+        // goes back to the outbox under its own number, in order.
+        outbox
+            .unreadable
+            .insert(2u64.to_be_bytes(), Outbox::encode(&entry("set aside")))
+            .unwrap();
+        outbox.db.flush().unwrap();
+        drop(outbox);
+        let outbox = Outbox::open(dir.path()).unwrap();
+        assert_eq!(
+            groups(&outbox.pending(10).unwrap()),
+            ["a", "set aside", "b"]
+        );
+        assert_eq!(outbox.unreadable(), 1, "the key that is no number stays");
     }
 }
