@@ -281,7 +281,7 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     println!("ferry worker ready");
     tokio::join!(
         worker::apply_requests(engine, client.clone(), options.concurrency),
-        worker::dispatch_work(dispatcher, client),
+        worker::dispatch_work(dispatcher, client, options.dispatch.max_in_flight),
     );
     Ok(())
 }

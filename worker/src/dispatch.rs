@@ -149,7 +149,6 @@ impl Dispatcher {
     }
 
     async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
-        let _slot = self.in_flight.acquire().await.expect("never closed");
         let sent = self
             .client
             .post(endpoint)
@@ -196,6 +195,9 @@ impl Dispatcher {
             .build();
         let operation = || async {
             let n = attempts.load(Ordering::SeqCst);
+            // Taken before asking: the wait for a slot may be long, and a
+            // call cancelled meanwhile must not be sent.
+            let _slot = self.in_flight.acquire().await.expect("never closed");
             if !wanted().await {
                 return Err(backoff::Error::permanent(Failure::NotWanted {
                     attempts: n,

@@ -32,18 +32,25 @@ pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, con
     consume(&consumer, "requests", concurrency, apply_one).await
 }
 
+/// Dispatch work a worker keeps in hand per attempt it may have in flight.
+const IN_HAND_PER_ATTEMPT: usize = 4;
+
 /// Carries out dispatch work, forever (through NATS outages). A message
-/// waiting out a dispatch backoff stays in hand, so only the consumer's
-/// `max_ack_pending` bounds them: a bound of this worker's own would let
-/// one failing tool's calls stall every other call. The attempts in flight
-/// are bounded by the worker's dispatcher.
-pub async fn dispatch_work(worker: Worker, client: async_nats::Client) {
+/// waiting out a dispatch backoff stays in hand, so a bound of one per
+/// attempt in flight would let one failing tool's calls stall every other
+/// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
+/// (its dispatcher bounds the attempts themselves), and never so many that
+/// the other workers sharing the consumer's `max_ack_pending` get nothing.
+pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_flight: usize) {
     let consumer = bound(&client, WORK_STREAM).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
     };
-    consume(&consumer, "work", MAX_ACK_PENDING, carry_out_one).await
+    let in_hand = max_in_flight
+        .saturating_mul(IN_HAND_PER_ATTEMPT)
+        .min(MAX_ACK_PENDING / 4);
+    consume(&consumer, "work", in_hand, carry_out_one).await
 }
 
 /// Pulls messages forever (pulling again after an outage), each handled on
