@@ -724,12 +724,12 @@ async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
 /// A relayed request applied a second time (its worker died after storing
 /// the commit, before acking) records nothing new. This matters for a
 /// `subscription_event`, which has no id of its own for state to dedupe
-/// by. The redelivery is made by hand: the same request published twice
-/// under one `Ferry-Request` id (and two inbox message ids, so the inbox
-/// stream keeps both).
+/// by. The redelivery is made by hand: the request node A relayed, as NATS
+/// carried it, is published again under its `Ferry-Request` id (and a new
+/// inbox message id, so the inbox keeps it).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_applied_twice_records_its_subscription_event_once() {
-    use ferry_runtime::engine::requests::{Refusal, Reply, Request};
+    use ferry_runtime::engine::requests::{Refusal, Reply};
     use futures::StreamExt;
     let c = Cluster::start(1).await;
     let a = c.a.api();
@@ -737,33 +737,44 @@ async fn a_request_applied_twice_records_its_subscription_event_once() {
     let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "subscribed", "subscription": true});
     let (status, body) = a.post(&url, &opened).await;
     assert_eq!(status, 200, "{body}");
-    let token = url.rsplit('/').next().unwrap().to_owned();
+    let nats = async_nats::connect(c.nats.url()).await.unwrap();
+    // A JetStream publish is a core message too: watch what A relays.
+    let inbox = ferry_runtime::cluster::subjects::inbox("g");
+    let mut relayed = nats.subscribe(inbox.clone()).await.unwrap();
+    let mut answers = nats.subscribe("test.answers").await.unwrap();
     let event =
         json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": "tick"});
-    let request = rmp_serde::to_vec_named(&Request::Callback {
-        token,
-        body: serde_json::to_vec(&event).unwrap(),
-    })
-    .unwrap();
-    let nats = async_nats::connect(c.nats.url()).await.unwrap();
-    let mut answers = nats.subscribe("test.answers").await.unwrap();
+    let (status, body) = a.post(&url, &event).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
+    let first = tokio::time::timeout(Duration::from_secs(20), relayed.next())
+        .await
+        .expect("A relays the request")
+        .unwrap();
+    let headers = first.headers.clone().unwrap();
+    let request_id = headers
+        .get("Ferry-Request")
+        .expect("the relay names it")
+        .to_string();
+    assert_eq!(
+        Some(request_id.as_str()),
+        headers.get("Nats-Msg-Id").map(|v| v.as_str())
+    );
+    // The same request again, then another with the same body (a tool
+    // that sent the event twice: a second event).
     let js = async_nats::jetstream::new(nats);
-    // One request delivered twice, then another with the same body (a tool
-    // that sent the event twice: two events).
-    for (message, request_id) in [("m1", "r1"), ("m2", "r1"), ("m3", "r2")] {
+    for (message, request) in [("again", request_id.as_str()), ("other", "other")] {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", message);
-        headers.insert("Ferry-Request", request_id);
+        headers.insert("Ferry-Request", request);
         headers.insert("Ferry-Reply", "test.answers");
-        let subject = ferry_runtime::cluster::subjects::inbox("g");
-        js.publish_with_headers(subject, headers, request.clone().into())
+        js.publish_with_headers(inbox.clone(), headers, first.payload.clone())
             .await
             .unwrap()
             .await
             .unwrap();
     }
     let mut outcomes = vec![];
-    for _ in 0..3 {
+    for _ in 0..2 {
         let answer = tokio::time::timeout(Duration::from_secs(20), answers.next())
             .await
             .expect("a worker answers every request")
@@ -774,7 +785,7 @@ async fn a_request_applied_twice_records_its_subscription_event_once() {
         }
     }
     outcomes.sort();
-    assert_eq!(outcomes, ["applied", "applied", "duplicate"]);
+    assert_eq!(outcomes, ["applied", "duplicate"]);
     let ticks = a
         .events("g", 0)
         .await

@@ -187,6 +187,7 @@ impl Engine {
         durability: Durability,
     ) -> Result<Executed, Error> {
         let at = now();
+        store::jetstream::command_started();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let mut state = self.store.load(group_id, &command.call_ids()).await?;

@@ -20,8 +20,9 @@
 //! nothing left to do.
 //!
 //! A commit written while a worker applies a relayed request ([`applying`])
-//! carries `Nats-Msg-Id` = the request's id and the commit's ordinal within
-//! it. A request applied twice (its worker died after the commit, before
+//! carries `Nats-Msg-Id` = the request's id and the ordinal of its command
+//! within the request ([`command_started`]; commands that wrote nothing
+//! count too, so a repeat numbers its commands as the first run did). A request applied twice (its worker died after the commit, before
 //! the ack) then finds its commit already stored and changes nothing,
 //! which matters for what state cannot dedupe: a `subscription_event` has
 //! no id of its own. The window is the stream's `duplicate_window`, two
@@ -58,7 +59,7 @@ pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 const LAST_SEQ_HEADER: &str = "Ferry-Last-Seq";
 
 tokio::task_local! {
-    /// The relayed request being applied, and how many commits it stored.
+    /// The relayed request being applied, and how many commands it started.
     static REQUEST: (String, Cell<u32>);
 }
 
@@ -71,16 +72,17 @@ pub async fn applying<T>(id: Option<String>, work: impl Future<Output = T>) -> T
     }
 }
 
-/// The `Nats-Msg-Id` of the next commit of the request being applied.
-fn commit_id() -> Option<String> {
-    REQUEST
-        .try_with(|(id, stored)| format!("{id}/{}", stored.get()))
-        .ok()
+/// Counts a command of the request being applied (if any), once however
+/// often it is decided again after a lost compare-and-set.
+pub(crate) fn command_started() {
+    let _ = REQUEST.try_with(|(_, started)| started.set(started.get() + 1));
 }
 
-/// Counts a commit of the request being applied as stored.
-fn commit_stored() {
-    let _ = REQUEST.try_with(|(_, stored)| stored.set(stored.get() + 1));
+/// The `Nats-Msg-Id` of the commit of the request's current command.
+fn commit_id() -> Option<String> {
+    REQUEST
+        .try_with(|(id, started)| format!("{id}/{}", started.get().saturating_sub(1)))
+        .ok()
 }
 
 /// A call's record as of the thread's event `seq`.
@@ -474,13 +476,8 @@ impl Store for JetStreamStore {
         if let Some(id) = commit_id() {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
-        let published = self
-            .publish(subjects::log(group_id), headers, body.into())
-            .await;
-        if matches!(published, Ok(()) | Err(Error::AlreadyApplied(_))) {
-            commit_stored();
-        }
-        published?;
+        self.publish(subjects::log(group_id), headers, body.into())
+            .await?;
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
         advance(&self.tips, group_id, commit.meta.last_seq);
         Ok(())
