@@ -12,8 +12,11 @@ use axum::serve::ListenerExt;
 use ferry_runtime::bus::jetstream::JetStreamBus;
 use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
 use ferry_runtime::http::MetricsRender;
+use ferry_runtime::store::deferred::Deferred;
 use ferry_runtime::store::jetstream::JetStreamStore;
+use ferry_runtime::store::Store;
 use ferry_runtime::token::Capabilities;
+use ferry_runtime::toolsets::StoredToolset;
 use ferry_runtime::{Config, Engine};
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use tokio::net::TcpListener;
@@ -53,9 +56,11 @@ pub struct WorkerOptions {
     pub concurrency: usize,
 }
 
-/// Connects to NATS, waiting for it at start (it may come up after us);
-/// afterwards the client reconnects on its own, forever.
-async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
+/// Connects to NATS; afterwards the client reconnects on its own, forever.
+/// With `wait`, returns only once NATS answered (a worker has nothing to
+/// do before); without, at once, connecting in the background (a runtime
+/// node journals meanwhile).
+async fn connect(urls: &str, wait: bool) -> anyhow::Result<async_nats::Client> {
     let servers = urls
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
@@ -63,10 +68,13 @@ async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
         .with_context(|| format!("--nats {urls:?}"))?;
     let mut delay = Duration::from_millis(100);
     loop {
-        let options = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new()
             .name("ferry")
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(2));
+        if !wait {
+            options = options.retry_on_initial_connect();
+        }
         match options.connect(servers.clone()).await {
             Ok(client) => return Ok(client),
             Err(e) => {
@@ -85,23 +93,18 @@ enum Role {
     Worker,
 }
 
-/// The engine both roles run, on the JetStream store and bus.
-async fn engine(
+/// Binds the streams and the JetStream store, retrying while JetStream is
+/// not ready (a NATS cluster that just started may not have elected its
+/// leader yet): `attempts` times half a second apart, or forever.
+async fn jetstream_store(
     options: &ClusterOptions,
     role: Role,
-    public_url: &str,
     client: &async_nats::Client,
-    max_body_bytes: usize,
-) -> anyhow::Result<Arc<Engine>> {
-    anyhow::ensure!(
-        options.secret.len() >= 16,
-        "--secret must be at least 16 bytes (and the same on every node and worker)"
-    );
+    attempts: Option<u32>,
+) -> anyhow::Result<Arc<JetStreamStore>> {
     let js = async_nats::jetstream::new(client.clone());
-    // A NATS cluster that just started may not have elected its JetStream
-    // leader yet: retry for a while.
     let mut attempt = 0;
-    let store = loop {
+    loop {
         attempt += 1;
         let ready = async {
             streams::ensure(&js, options.replicas).await?;
@@ -109,39 +112,65 @@ async fn engine(
             anyhow::Ok(JetStreamStore::connect(client.clone(), options.replicas, follow).await?)
         };
         match ready.await {
-            Ok(store) => break store,
-            Err(e) if attempt < 60 => {
+            Ok(store) => return Ok(store),
+            Err(e) if attempts.is_none_or(|n| attempt < n) => {
                 warn!(error = %e, "JetStream not ready yet; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e),
         }
-    };
+    }
+}
+
+/// The engine both roles run, on `store` and the JetStream bus.
+fn engine(
+    options: &ClusterOptions,
+    public_url: &str,
+    client: &async_nats::Client,
+    store: Arc<dyn Store>,
+    max_body_bytes: usize,
+) -> anyhow::Result<Arc<Engine>> {
+    anyhow::ensure!(
+        options.secret.len() >= 16,
+        "--secret must be at least 16 bytes (and the same on every node and worker)"
+    );
     let config = Config {
         public_url: public_url.trim_end_matches('/').to_owned(),
         max_body_bytes,
         ..Config::default()
     };
-    let engine = Arc::new(Engine::new(
+    Ok(Arc::new(Engine::new(
         config,
-        store.clone(),
-        Arc::new(JetStreamBus::new(js)),
+        store,
+        Arc::new(JetStreamBus::new(async_nats::jetstream::new(
+            client.clone(),
+        ))),
         Capabilities::new(options.secret.as_bytes()),
         crate::serve::http_client()?,
-    ));
-    engine.load_toolsets().await?;
-    // Toolsets registered through any node reach every process.
+    )))
+}
+
+/// Loads the toolsets into the engine now and whenever any process changes
+/// one (toolsets registered through any node reach every process); `keep`
+/// sees each load.
+async fn follow_toolsets(
+    engine: &Arc<Engine>,
+    store: &JetStreamStore,
+    keep: impl Fn(&[StoredToolset]) + Send + 'static,
+) -> anyhow::Result<()> {
+    keep(&engine.load_toolsets().await?);
     let mut changed = store.toolsets_changed();
-    let weak = Arc::downgrade(&engine);
+    let weak = Arc::downgrade(engine);
     tokio::spawn(async move {
         while changed.changed().await.is_ok() {
             let Some(engine) = weak.upgrade() else { return };
-            if let Err(e) = engine.load_toolsets().await {
-                warn!(error = %e, "reloading toolsets failed");
+            match engine.load_toolsets().await {
+                Ok(loaded) => keep(&loaded),
+                Err(e) => warn!(error = %e, "reloading toolsets failed"),
             }
         }
     });
-    Ok(engine)
+    Ok(())
 }
 
 /// A running runtime node.
@@ -149,6 +178,50 @@ pub struct RunningRuntime {
     pub addr: SocketAddr,
     pub engine: Arc<Engine>,
     pub relay: Arc<Relay>,
+}
+
+/// How long a runtime node waits for NATS before it serves its journal.
+const ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// Gives a runtime node its JetStream store once NATS answers, then its
+/// toolsets (kept in the outbox for the next start) and the tool servers it
+/// was told to register; each step is retried for as long as it takes.
+async fn attach(
+    options: RuntimeOptions,
+    client: async_nats::Client,
+    store: Arc<Deferred>,
+    engine: Arc<Engine>,
+    outbox: Arc<Outbox>,
+) {
+    let jetstream = loop {
+        match jetstream_store(&options.cluster, Role::Runtime, &client, None).await {
+            Ok(jetstream) => break jetstream,
+            Err(e) => warn!(error = %e, "binding JetStream failed; retrying"),
+        }
+    };
+    store.set(jetstream.clone());
+    loop {
+        let outbox = outbox.clone();
+        let keep = move |toolsets: &[StoredToolset]| {
+            if let Err(e) = outbox.keep_toolsets(toolsets) {
+                warn!(error = %e, "keeping the toolsets failed");
+            }
+        };
+        match follow_toolsets(&engine, &jetstream, keep).await {
+            Ok(()) => break,
+            Err(e) => {
+                warn!(error = %e, "loading the toolsets failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    for url in &options.tool_servers {
+        match engine.register_toolset(url, None, Default::default()).await {
+            Ok(t) => info!(toolset = %t.name, url, "toolset registered at start"),
+            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
+        }
+    }
+    info!("attached to NATS");
 }
 
 /// Starts a runtime node; it serves until `shutdown` resolves.
@@ -176,26 +249,39 @@ pub async fn start_runtime(
         .await
         .with_context(|| format!("binding {}", options.listen))?;
     let addr = listener.local_addr()?;
-    let client = connect(&options.cluster.nats).await?;
+    let client = connect(&options.cluster.nats, false).await?;
     let public_url = options
         .cluster
         .public_url
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
+    // The store arrives when NATS answers; until then the node validates
+    // calls against the toolsets it kept, and journals them.
+    let store = Arc::new(Deferred::default());
     let engine = engine(
         &options.cluster,
-        Role::Runtime,
         &public_url,
         &client,
+        store.clone(),
         options.max_body_bytes,
-    )
-    .await?;
+    )?;
+    engine.use_toolsets(outbox.kept_toolsets()?);
     ferry_runtime::metrics::describe();
-    for url in &options.tool_servers {
-        match engine.register_toolset(url, None, Default::default()).await {
-            Ok(t) => info!(toolset = %t.name, url, "toolset registered at start"),
-            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
-        }
+    let attached = tokio::spawn(attach(
+        options.clone(),
+        client.clone(),
+        store.clone(),
+        engine.clone(),
+        outbox.clone(),
+    ));
+    // NATS reachable: serve once attached, as a node always did. Not
+    // reachable: serve the journal after a while, and attach later.
+    match tokio::time::timeout(ATTACH_WAIT, attached).await {
+        Ok(done) => done.context("attaching to NATS")?,
+        Err(_) => warn!(
+            wait = ?ATTACH_WAIT,
+            "NATS not reachable: accepting calls into the journal, reads unavailable until it is"
+        ),
     }
     let relay = Relay::start(
         engine.clone(),
@@ -241,20 +327,21 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
 
 /// Runs a worker until its consumers end.
 pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
-    let client = connect(&options.cluster.nats).await?;
+    let client = connect(&options.cluster.nats, true).await?;
     let public_url = options
         .cluster
         .public_url
         .clone()
         .context("a worker needs --public-url")?;
+    let store = jetstream_store(&options.cluster, Role::Worker, &client, Some(60)).await?;
     let engine = engine(
         &options.cluster,
-        Role::Worker,
         &public_url,
         &client,
+        store.clone(),
         Config::default().max_body_bytes,
-    )
-    .await?;
+    )?;
+    follow_toolsets(&engine, &store, |_| {}).await?;
     ferry_runtime::metrics::describe();
     engine.start_timers();
     let sweeper = engine.clone();

@@ -157,7 +157,7 @@ pub async fn start(
     engine.start_timers();
     ferry_runtime::metrics::describe();
     let loaded = engine.load_toolsets().await?;
-    info!(toolsets = loaded, "toolsets loaded");
+    info!(toolsets = loaded.len(), "toolsets loaded");
 
     let demo_url = if options.demo {
         let demo = TcpListener::bind("127.0.0.1:0").await?;

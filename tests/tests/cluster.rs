@@ -794,3 +794,58 @@ async fn a_request_applied_twice_records_its_subscription_event_once() {
         .count();
     assert_eq!(ticks, 2, "one per request, not per delivery");
 }
+
+/// A runtime node (re)started while NATS is down still takes calls: it
+/// validates them against the toolsets it kept from its last run, journals
+/// them, and relays them once NATS is back; reads say unavailable until
+/// then.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_started_while_nats_is_down_journals_calls_and_relays_them_later() {
+    let mut c = Cluster::start(1).await;
+    c.a.kill9();
+    c.nats.kill9();
+    c.a.restart().await;
+    let a = c.a.api();
+    let (status, body) = a.get("/v1/threads/g").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    let (status, body) = a
+        .submit(json!({"operation": "nope", "arguments": {}, "group_id": "g", "id": "bad"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("unknown_tool")),
+        "{body}"
+    );
+    let (status, body) = a
+        .submit(json!({"operation": "op", "arguments": {"text": 1}, "group_id": "g", "id": "bad"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_arguments")),
+        "{body}"
+    );
+    let (status, body) = a
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "j"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["id"], "j");
+    c.nats.restart().await;
+    let sent = c.tool.next_invocation().await.invocation;
+    assert_eq!((sent.group_id.as_str(), sent.id.as_str()), ("g", "j"));
+    let (status, body) = a
+        .post(&path_of(&sent.callback_url), &result("g", "j", "late"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, call) = a.call("g", "j").await;
+    assert_eq!(
+        (status, call["status"].as_str()),
+        (200, Some("completed")),
+        "{call}"
+    );
+    let events = a.events("g", 0).await;
+    assert!(events.iter().all(|e| e["id"] != "bad"), "{events:?}");
+}

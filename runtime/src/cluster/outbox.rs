@@ -17,6 +17,7 @@ use tracing::error;
 
 use crate::engine::requests::Request;
 use crate::store::commit::GroupCommit;
+use crate::toolsets::StoredToolset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -42,6 +43,9 @@ pub struct Outbox {
     entries: sled::Tree,
     /// Entries `pending` could not decode, under their own keys.
     unreadable: sled::Tree,
+    /// The toolsets last read from NATS (one value): what a node started
+    /// while NATS is unreachable validates calls against.
+    toolsets: sled::Tree,
     commit: GroupCommit,
 }
 
@@ -52,6 +56,7 @@ impl Outbox {
         let outbox = Self {
             entries: db.open_tree("outbox").map_err(backend)?,
             unreadable: db.open_tree("unreadable").map_err(backend)?,
+            toolsets: db.open_tree("toolsets").map_err(backend)?,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             db,
         };
@@ -125,6 +130,27 @@ impl Outbox {
     fn set_aside(&self, key: &[u8], value: sled::IVec) -> Result<(), Error> {
         self.unreadable.insert(key, value).map_err(backend)?;
         self.entries.remove(key).map(drop).map_err(backend)
+    }
+
+    /// Keeps the registered toolsets as NATS has them now, on disk at once
+    /// (a node killed right after must still find them; they change
+    /// rarely).
+    pub fn keep_toolsets(&self, toolsets: &[StoredToolset]) -> Result<(), Error> {
+        let bytes = rmp_serde::to_vec_named(toolsets).expect("toolsets serialize");
+        self.toolsets.insert("all", bytes).map_err(backend)?;
+        self.db.flush().map(drop).map_err(backend)
+    }
+
+    /// The toolsets last kept (none if never kept, or if another build
+    /// kept them in a form this one cannot read: NATS has them).
+    pub fn kept_toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
+        let Some(bytes) = self.toolsets.get("all").map_err(backend)? else {
+            return Ok(vec![]);
+        };
+        Ok(rmp_serde::from_slice(&bytes).unwrap_or_else(|e| {
+            error!(error = %e, "the toolsets kept in the outbox are unreadable");
+            vec![]
+        }))
     }
 
     /// How many entries were set aside as unreadable.

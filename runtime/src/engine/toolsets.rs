@@ -56,16 +56,21 @@ impl Engine {
     /// Loads the registry from the store at start-up. A stored toolset that
     /// no longer validates is skipped with a warning rather than stopping
     /// start-up.
-    pub async fn load_toolsets(&self) -> Result<usize, Error> {
+    pub async fn load_toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
         let stored = self.store.toolsets().await?;
-        let count = stored.len();
+        self.use_toolsets(stored.clone());
+        Ok(stored)
+    }
+
+    /// Registers toolsets read elsewhere (a cluster node's copy of them,
+    /// while NATS is unreachable).
+    pub fn use_toolsets(&self, stored: Vec<StoredToolset>) {
         for toolset in stored {
             match toolsets::validate(toolset) {
                 Ok(loaded) => self.registry.insert(loaded),
                 Err(problems) => tracing::warn!(?problems, "stored toolset no longer valid"),
             }
         }
-        Ok(count)
     }
 
     /// Fetches `{url}/.well-known/rap-toolset`, validates it, and registers

@@ -7,6 +7,7 @@
 
 mod codec;
 pub(crate) mod commit;
+pub mod deferred;
 pub mod jetstream;
 mod keys;
 pub(crate) mod log;

@@ -1,0 +1,123 @@
+//! A store that is not there yet: a cluster runtime node started while NATS
+//! is unreachable serves its journal at once, and gets its JetStream store
+//! when NATS answers. Until then every read and write is
+//! [`Error::Unavailable`], which the API answers 503 and a node's relay
+//! path never needs (it journals).
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use ferry_proto::api::Event;
+use tokio::sync::watch;
+
+use super::{Error, Store, Watch, Write};
+use crate::thread::{CallRecord, ThreadMeta, ThreadState};
+use crate::toolsets::StoredToolset;
+
+#[derive(Default)]
+pub struct Deferred {
+    inner: OnceLock<Arc<dyn Store>>,
+}
+
+impl Deferred {
+    /// Hands over the real store; later calls go to it. Only the first
+    /// counts.
+    pub fn set(&self, store: Arc<dyn Store>) {
+        let _ = self.inner.set(store);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.inner.get().is_some()
+    }
+
+    fn get(&self) -> Result<&Arc<dyn Store>, Error> {
+        self.inner.get().ok_or_else(|| {
+            Error::Unavailable("NATS has not been reached since this node started".into())
+        })
+    }
+}
+
+#[async_trait]
+impl Store for Deferred {
+    async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
+        self.get()?.load(group_id, call_ids).await
+    }
+
+    async fn write(&self, write: Write<'_>) -> Result<(), Error> {
+        self.get()?.write(write).await
+    }
+
+    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
+        self.get()?.write_held(write).await
+    }
+
+    fn hold_back(&self) -> std::time::Duration {
+        self.inner
+            .get()
+            .map_or(std::time::Duration::ZERO, |s| s.hold_back())
+    }
+
+    async fn settle(&self, group_id: &str) -> Result<(), Error> {
+        self.get()?.settle(group_id).await
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        self.get()?.flush().await
+    }
+
+    fn publish(&self, group_id: &str, seq: u64) {
+        if let Some(store) = self.inner.get() {
+            store.publish(group_id, seq);
+        }
+    }
+
+    /// Nothing is written before the store is there.
+    fn is_durable(&self, group_id: &str, seq: u64) -> bool {
+        self.inner.get().is_none_or(|s| s.is_durable(group_id, seq))
+    }
+
+    async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
+        self.get()?.events(group_id, after, limit).await
+    }
+
+    /// Before the store is there, a watch that never moves: its reader's
+    /// next read is refused as unavailable anyway.
+    fn watch(&self, group_id: &str) -> Watch {
+        match self.inner.get() {
+            Some(store) => store.watch(group_id),
+            None => Watch::new(watch::channel(0).1, Box::new(|| {})),
+        }
+    }
+
+    async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
+        self.get()?.thread(group_id).await
+    }
+
+    async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
+        self.get()?.threads().await
+    }
+
+    async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
+        self.get()?.calls(group_id).await
+    }
+
+    async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
+        self.get()?.call(group_id, id).await
+    }
+
+    async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
+        self.get()?.open_calls().await
+    }
+
+    async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
+        self.get()?.put_toolset(toolset).await
+    }
+
+    async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error> {
+        self.get()?.delete_toolset(name, version).await
+    }
+
+    async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
+        self.get()?.toolsets().await
+    }
+}
