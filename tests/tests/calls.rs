@@ -124,7 +124,10 @@ async fn bad_submissions_are_refused_clearly_and_change_nothing() {
     let typed = TestTool::with_manifest(json!({"name": "calc", "tools": [{
         "name": "add", "description": "a + b",
         "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                        "required": ["a", "b"]}}]}))
+                        "required": ["a", "b"]}},
+        // A schema that constrains nothing: rap-1 still makes `arguments`
+        // an object.
+        {"name": "anything", "description": "takes anything", "inputSchema": {}}]}))
     .await;
     let ferry = Ferry::start(FerryOptions {
         tool_servers: vec![tool.url.clone(), typed.url.clone()],
@@ -144,6 +147,8 @@ async fn bad_submissions_are_refused_clearly_and_change_nothing() {
         ("wrong type", json!({"operation": "add", "arguments": {"a": 1, "b": "two"}, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
         ("missing required", json!({"operation": "add", "arguments": {"a": 1}, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
         ("arguments not an object", json!({"operation": "add", "arguments": 5, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
+        ("arguments null under an empty schema", json!({"operation": "anything", "arguments": null, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
+        ("arguments an array under an empty schema", json!({"operation": "anything", "arguments": [1], "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
         ("empty group_id", json!({"operation": "op", "arguments": {}, "group_id": ""}).to_string().into(), 400, "invalid_request"),
         ("group_id over 512 bytes", json!({"operation": "op", "arguments": {}, "group_id": "g".repeat(10_000)}).to_string().into(), 400, "invalid_request"),
         ("empty id", json!({"operation": "op", "arguments": {}, "group_id": "bad", "id": ""}).to_string().into(), 400, "invalid_request"),

@@ -23,6 +23,13 @@ use crate::engine::Engine;
 
 pub use error::{error_code, ApiError};
 
+/// The token of an `Authorization: Bearer <token>` header value (the
+/// scheme is case-insensitive, RFC 7235).
+pub(crate) fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 /// Runs an engine command to its end even if the client goes away. axum
 /// drops a handler's future when its connection closes; a command cut
 /// between its write and its flush would leave the thread's new events

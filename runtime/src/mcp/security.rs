@@ -12,10 +12,9 @@ const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 /// The host part of `host[:port]` (IPv6 literals keep their brackets).
 fn host_name(authority: &str) -> &str {
     if authority.starts_with('[') {
-        return authority
-            .split(']')
-            .next()
-            .map_or(authority, |h| &authority[..=h.len()]);
+        // Up to the closing bracket; without one, the whole (odd) value,
+        // which matches no allowed host.
+        return authority.find(']').map_or(authority, |i| &authority[..=i]);
     }
     authority.split(':').next().unwrap_or(authority)
 }
@@ -84,7 +83,7 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
     }
     if let Some(token) = &config.bearer_token {
         let given = text(header::AUTHORIZATION)
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(crate::http::bearer_token)
             .unwrap_or("");
         if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
             return Err(RpcError::transport(
@@ -147,6 +146,29 @@ mod tests {
             &headers("ferry.internal:443", Some("https://app.example.com"))
         )
         .is_ok());
+        // An IPv6 literal without its closing bracket: refused, no panic.
+        for odd in ["[", "[::1", "[::1:8080"] {
+            let refused = check(&config, &headers(odd, None)).unwrap_err();
+            assert_eq!(refused.http_status, 403, "{odd}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let config = McpConfig {
+            bearer_token: Some("s3cret".into()),
+            ..McpConfig::default()
+        };
+        for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+            let mut h = headers("localhost", None);
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            assert!(check(&config, &h).is_ok(), "{value}");
+        }
+        for value in ["Bearer wrong", "Basic s3cret", "s3cret", "Bearers3cret"] {
+            let mut h = headers("localhost", None);
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            assert_eq!(check(&config, &h).unwrap_err().http_status, 401, "{value}");
+        }
     }
 
     #[test]

@@ -81,8 +81,7 @@ impl Auth {
         let bearer = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(crate::http::bearer_token);
         let mut refused = AuthError::Missing;
         if let (Some(expected), Some(given)) = (&self.api_key, key) {
             // Comparing digests keeps the comparison's time independent of

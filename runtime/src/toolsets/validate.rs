@@ -90,6 +90,11 @@ pub type ArgumentErrors = Map<String, Value>;
 /// and never echoing the value back.
 pub fn check_arguments(validator: &Validator, arguments: &Value) -> Result<(), ArgumentErrors> {
     let mut errors = ArgumentErrors::new();
+    // rap-1: `arguments` is an object, whatever a permissive schema says.
+    if !arguments.is_object() {
+        errors.insert("arguments".into(), "must be an object".into());
+        return Err(errors);
+    }
     for error in validator.iter_errors(arguments) {
         let path = error.instance_path.to_string();
         let path = path.trim_start_matches('/');
@@ -148,6 +153,14 @@ mod tests {
             Err(e) => Value::Object(e),
         };
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn arguments_are_an_object_even_under_a_permissive_schema() {
+        for args in [json!(null), json!("x"), json!([1]), json!(3)] {
+            check(json!({}), args, json!({"arguments": "must be an object"}));
+        }
+        check(json!({}), json!({"any": 1}), json!({}));
     }
 
     #[test]
