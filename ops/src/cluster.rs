@@ -216,7 +216,7 @@ async fn attach(
         }
     }
     for url in &options.tool_servers {
-        match engine.register_toolset(url, None, Default::default()).await {
+        match engine.register_toolset(url, None, None).await {
             Ok(t) => info!(toolset = %t.name, url, "toolset registered at start"),
             Err(e) => warn!(url, error = %e, "could not register tool server at start"),
         }

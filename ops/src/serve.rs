@@ -168,7 +168,7 @@ pub async fn start(
         None
     };
     for url in options.tool_servers.iter().chain(demo_url.iter()) {
-        match engine.register_toolset(url, None, Default::default()).await {
+        match engine.register_toolset(url, None, None).await {
             Ok(t) => {
                 info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered at start")
             }

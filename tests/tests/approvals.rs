@@ -386,3 +386,84 @@ async fn an_unanswered_approval_times_out_once_even_across_a_restart() {
     assert_eq!(api.count("g", "c", "approval_decided").await, 1);
     assert!(tool.invocations().is_empty());
 }
+
+/// A policy a reviewer set stands: a restart re-registers `--tool-server`
+/// toolsets, and a registration without a policy keeps the stored one.
+#[tokio::test]
+async fn a_restart_or_a_plain_registration_keeps_the_policy_a_reviewer_set() {
+    let tool = tool().await;
+    let mut ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    assert_ne!(
+        submit(&api, "g", "a", "look", None).await["status"],
+        "pending_approval"
+    );
+    let response = api
+        .client
+        .patch(format!("{}/v1/toolsets/ops", api.base))
+        .json(&json!({"approval": "required"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    ferry.restart().await;
+    let api = ferry.api();
+    let (status, body) = api.get("/v1/toolsets/ops").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["latest"]["policy"]["approval"], "required", "{body}");
+    assert_eq!(
+        submit(&api, "g", "b", "look", None).await["status"],
+        "pending_approval"
+    );
+    let (status, body) = api.post("/v1/toolsets", &json!({"url": tool.url})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        submit(&api, "g", "c", "look", None).await["status"],
+        "pending_approval"
+    );
+    // A registration that names a policy sets it.
+    let (status, body) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "approval": "auto"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_ne!(
+        submit(&api, "g", "d", "deploy", None).await["status"],
+        "pending_approval"
+    );
+}
+
+/// A policy one version of a toolset cannot take changes no version.
+#[tokio::test]
+async fn a_patch_one_version_refuses_changes_no_version() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    tool.set_manifest(
+        json!({"name": "ops", "endpoint": format!("{}/invoke", tool.url), "tools": [
+            {"name": "deploy", "description": "ship it", "inputSchema": {"type": "object"}}
+        ]}),
+    );
+    let (status, body) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "version": "2.0.0"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    // `look` exists in 1.0.0 only.
+    let response = api
+        .client
+        .patch(format!("{}/v1/toolsets/ops", api.base))
+        .json(&json!({"approval": "required", "tools": {"look": {"approval": "auto"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let (_, body) = api.get("/v1/toolsets/ops").await;
+    for version in body["versions"].as_array().unwrap() {
+        assert_eq!(version["policy"], json!({}), "{version}");
+    }
+}

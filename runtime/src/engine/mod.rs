@@ -122,6 +122,9 @@ pub struct Engine {
     timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
     /// Calls whose user's answer this process is delivering.
     delivering: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// Held across each change of the registered toolsets (read, change,
+    /// store), so two changes never undo each other.
+    toolset_writes: tokio::sync::Mutex<()>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -153,6 +156,7 @@ impl Engine {
             client,
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             delivering: Default::default(),
+            toolset_writes: Default::default(),
         }
     }
 

@@ -75,11 +75,13 @@ impl Engine {
 
     /// Fetches `{url}/.well-known/rap-toolset`, validates it, and registers
     /// it under `version` (default 1.0.0), replacing that version if present.
+    /// Without a `policy`, a version already registered keeps its own (a
+    /// restart's `--tool-server` must not ungate what a reviewer gated).
     pub async fn register_toolset(
         &self,
         url: &str,
         version: Option<&str>,
-        policy: ApprovalPolicy,
+        policy: Option<ApprovalPolicy>,
     ) -> Result<RegisteredToolset, Error> {
         let version = match version {
             Some(v) => Version::parse(v)
@@ -93,6 +95,13 @@ impl Engine {
                 DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
             })?;
+        let _writing = self.toolset_writes.lock().await;
+        let policy = policy.unwrap_or_else(|| {
+            self.registry
+                .get(&manifest.name, Some(&version))
+                .map(|t| t.stored.policy.clone())
+                .unwrap_or_default()
+        });
         let stored = StoredToolset {
             name: manifest.name.clone(),
             version,
@@ -112,6 +121,7 @@ impl Engine {
         version: Option<&Version>,
         patch: &ApprovalPolicy,
     ) -> Result<Vec<RegisteredToolset>, Error> {
+        let _writing = self.toolset_writes.lock().await;
         let targets: Vec<_> = self
             .registry
             .list()
@@ -121,11 +131,17 @@ impl Engine {
         if targets.is_empty() {
             return Err(Error::NotFound(format!("no toolset {name:?}")));
         }
-        let mut changed = vec![];
+        // Every version checked before any is changed: a policy one of
+        // them cannot take changes none.
+        let mut checked = vec![];
         for target in targets {
             let mut stored = target.stored.clone();
             stored.policy.apply(patch);
-            changed.push(self.install(stored).await?);
+            checked.push(checked_toolset(stored)?);
+        }
+        let mut changed = vec![];
+        for loaded in checked {
+            changed.push(self.install_checked(loaded).await?);
         }
         Ok(changed)
     }
@@ -152,9 +168,16 @@ impl Engine {
                 manifest.name
             )));
         }
+        // The policy as it is now, not as it was before the fetch: a PATCH
+        // answered meanwhile must stand.
+        let _writing = self.toolset_writes.lock().await;
+        let version = current.stored.version.clone();
+        let Some(current) = self.registry.get(name, Some(&version)) else {
+            return Err(Error::NotFound(format!("no toolset {name:?}")));
+        };
         let stored = StoredToolset {
             name: name.to_owned(),
-            version: current.stored.version.clone(),
+            version,
             url,
             manifest,
             registered_at: now(),
@@ -164,8 +187,10 @@ impl Engine {
     }
 
     async fn install(&self, stored: StoredToolset) -> Result<RegisteredToolset, Error> {
-        let loaded = toolsets::validate(stored)
-            .map_err(|problems| Error::InvalidToolset(problems.join("; ")))?;
+        self.install_checked(checked_toolset(stored)?).await
+    }
+
+    async fn install_checked(&self, loaded: LoadedToolset) -> Result<RegisteredToolset, Error> {
         self.store.put_toolset(&loaded.stored).await?;
         self.store.flush().await?;
         let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
@@ -184,6 +209,7 @@ impl Engine {
         name: &str,
         version: Option<&Version>,
     ) -> Result<usize, Error> {
+        let _writing = self.toolset_writes.lock().await;
         let removed = self.registry.remove(name, version);
         if removed.is_empty() {
             return Err(Error::NotFound(format!("no toolset {name:?}")));
@@ -278,4 +304,9 @@ impl Engine {
             unavailable,
         }
     }
+}
+
+/// A toolset validated for installing.
+fn checked_toolset(stored: StoredToolset) -> Result<LoadedToolset, Error> {
+    toolsets::validate(stored).map_err(|problems| Error::InvalidToolset(problems.join("; ")))
 }

@@ -36,11 +36,13 @@ pub async fn register(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<Register>,
 ) -> Result<(StatusCode, Json<RegisteredToolset>), ApiError> {
+    // No policy given: a version already registered keeps its own.
     let policy = ApprovalPolicy {
         approval: req.approval,
         tools: req.tools,
         approval_timeout_secs: req.approval_timeout_secs,
     };
+    let policy = (policy != ApprovalPolicy::default()).then_some(policy);
     let engine = app.engine.clone();
     let registered = detached(async move {
         engine
