@@ -276,3 +276,19 @@ async fn an_answer_the_tool_refuses_is_recorded_and_not_sent_again() {
     let (_, call) = api.call("g", "c").await;
     assert_eq!(call["status"], "dispatched");
 }
+
+/// A newer answer is delivered even while an older one, to a prompt the
+/// tool replaced, is still being retried.
+#[tokio::test]
+async fn a_newer_answer_is_delivered_while_an_older_one_is_retried() {
+    let (ferry, _tool, url) = setup().await;
+    let (stale, _) = response_url(vec![503; 1000]).await;
+    answer(&ferry, &url, &stale).await;
+    // The tool asks again, elsewhere; the user answers that.
+    let (fresh, seen) = response_url(vec![]).await;
+    answer(&ferry, &url, &fresh).await;
+    let api = ferry.api();
+    api.wait_for("g", "c", "choice_delivered").await;
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(api.count("g", "c", "choice_made").await, 2);
+}

@@ -43,7 +43,8 @@ impl Engine {
 
     /// Delivers an answer in the background and records how it went. One
     /// delivery per call at a time in this process: the recovery sweep asks
-    /// again for answers still owed, and must not start a second.
+    /// again for answers still owed, and must not start a second. A newer
+    /// answer that arrives meanwhile is delivered when this one ends.
     pub(crate) fn deliver(self: &Arc<Self>, group_id: &str, id: &str, answer: ChoiceAnswer) {
         let key = (group_id.to_owned(), id.to_owned());
         if !self.delivering.lock().expect("lock").insert(key.clone()) {
@@ -59,6 +60,13 @@ impl Engine {
                 }
             }
             engine.delivering.lock().expect("lock").remove(&key);
+            // The user may have answered a newer prompt while this answer
+            // held the call's place.
+            if let Ok(Some(call)) = engine.store.call(group_id, id).await {
+                if let Some(newer) = call.undelivered_choice.filter(|a| *a != answer) {
+                    engine.deliver(group_id, id, newer);
+                }
+            }
         });
     }
 
@@ -74,7 +82,10 @@ impl Engine {
                 .await;
             match sent {
                 ChoiceDelivery::Accepted => {
-                    return Some(Command::ChoiceDelivered { id: id.into() });
+                    return Some(Command::ChoiceDelivered {
+                        id: id.into(),
+                        answer: answer.clone(),
+                    });
                 }
                 ChoiceDelivery::Refused(status) => {
                     warn!(
@@ -85,6 +96,7 @@ impl Engine {
                     );
                     return Some(Command::ChoiceRefused {
                         id: id.into(),
+                        answer: answer.clone(),
                         status,
                     });
                 }

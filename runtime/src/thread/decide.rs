@@ -4,7 +4,7 @@
 use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::Callback;
 
-use super::state::{grant_key, CallRecord, NewCall, ThreadState};
+use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, ThreadState};
 use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS};
 
 /// Something asked of a thread.
@@ -60,13 +60,16 @@ pub enum Command {
         id: String,
         answer: Answer,
     },
-    /// The tool's `response_url` accepted the answer.
+    /// The tool's `response_url` accepted `answer` (a later answer is
+    /// still owed).
     ChoiceDelivered {
         id: String,
+        answer: ChoiceAnswer,
     },
-    /// The tool's `response_url` refused the answer (a 4xx).
+    /// The tool's `response_url` refused `answer` (a 4xx).
     ChoiceRefused {
         id: String,
+        answer: ChoiceAnswer,
         status: u16,
     },
 }
@@ -91,7 +94,7 @@ impl Command {
             | Command::Lost { id }
             | Command::Decide { id, .. }
             | Command::Choose { id, .. }
-            | Command::ChoiceDelivered { id }
+            | Command::ChoiceDelivered { id, .. }
             | Command::ChoiceRefused { id, .. } => vec![id],
             Command::Callback(cb) => cb.call_id().into_iter().collect(),
             Command::Close | Command::Revoke { .. } => vec![],
@@ -317,17 +320,17 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                 },
             )]))
         }
-        Command::ChoiceDelivered { id } => {
+        Command::ChoiceDelivered { id, answer } => {
             let call = existing(state, id)?;
-            Ok(if call.undelivered_choice.is_some() {
+            Ok(if call.undelivered_choice.as_ref() == Some(answer) {
                 Decision::applied(vec![Change::of(id, EventKind::ChoiceDelivered {})])
             } else {
                 Decision::nothing(Outcome::Duplicate)
             })
         }
-        Command::ChoiceRefused { id, status } => {
+        Command::ChoiceRefused { id, answer, status } => {
             let call = existing(state, id)?;
-            Ok(if call.undelivered_choice.is_some() {
+            Ok(if call.undelivered_choice.as_ref() == Some(answer) {
                 let refused = EventKind::ChoiceRefused { status: *status };
                 Decision::applied(vec![Change::of(id, refused)])
             } else {

@@ -195,6 +195,8 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 }
                 EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {} => {
                     meta.active_subscriptions.remove(id);
+                    // A cancelled call's tool is owed no answer any more.
+                    call.undelivered_choice = None;
                     CallStatus::Cancelled
                 }
                 EventKind::CallAccepted { .. }

@@ -146,14 +146,30 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         ["u".to_owned()].into(),
         "its answer is owed"
     );
+    let answer = state.calls["u"].undelivered_choice.clone().unwrap();
+    // The delivery of another answer (an older one, late) settles nothing.
+    let older = ChoiceAnswer {
+        index: 0,
+        ..answer.clone()
+    };
+    let late = Command::ChoiceDelivered {
+        id: "u".into(),
+        answer: older,
+    };
+    assert_eq!(decide(&state, &late).unwrap().outcome, Outcome::Duplicate);
     let mut delivered = state.clone();
-    let changes = decide(&delivered, &Command::ChoiceDelivered { id: "u".into() }).unwrap();
+    let command = Command::ChoiceDelivered {
+        id: "u".into(),
+        answer: answer.clone(),
+    };
+    let changes = decide(&delivered, &command).unwrap();
     apply(&mut delivered, "t", changes.changes);
     assert!(delivered.meta.unsettled.is_empty());
     // A tool that refuses the answer (a 4xx) is not owed it any more, and
     // hearing so twice records nothing.
     let refused = Command::ChoiceRefused {
         id: "u".into(),
+        answer,
         status: 410,
     };
     let mut state = state;
@@ -169,6 +185,37 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         decide(&state, &refused).unwrap().outcome,
         Outcome::Duplicate
     );
+}
+
+#[test]
+fn a_cancelled_call_owes_its_tool_no_answer() {
+    use ferry_proto::rap::UserChoice;
+    let choice = Command::Callback(Callback::UserChoice(UserChoice {
+        group_id: G.into(),
+        id: "u".into(),
+        call_id: None,
+        prompt: "which?".into(),
+        choices: vec!["a".into(), "b".into()],
+        default: 0,
+        response_url: "http://tool/answer".into(),
+    }));
+    let state = check(vec![
+        (
+            Command::Submit(new_call("u", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (choice, Ok(&["user_choice"])),
+        (
+            Command::Choose {
+                id: "u".into(),
+                answer: Answer::Index(1),
+            },
+            Ok(&["choice_made"]),
+        ),
+        (Command::Cancel { id: "u".into() }, Ok(&["call_cancelled"])),
+    ]);
+    assert_eq!(state.calls["u"].undelivered_choice, None);
+    assert!(state.meta.unsettled.is_empty());
 }
 
 #[test]
