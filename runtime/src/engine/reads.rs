@@ -8,41 +8,56 @@ use super::{Engine, Error};
 use crate::thread::{CallRecord, ThreadMeta};
 
 impl Engine {
-    /// Waits until what a read may show is durable: a reader must never see
-    /// a state a crash could take back.
-    async fn ready_to_read(&self, group_id: &str) -> Result<(), Error> {
-        self.check_id("group_id", group_id)?;
-        self.make_durable(group_id, 0).await
+    /// Returns what was `read` of the thread once all of it is durable: a
+    /// reader must never see a state a crash could take back. Read first,
+    /// then wait: a write that lands between a durability check and the
+    /// read would otherwise be shown before its flush (the store shows a
+    /// write once it is inserted, and a flush started after that covers
+    /// it).
+    async fn durable_read<T>(&self, group_id: &str, read: T) -> Result<T, Error> {
+        self.make_durable(group_id, 0).await?;
+        Ok(read)
     }
 
     pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        self.ready_to_read(group_id).await?;
-        self.store
-            .call(group_id, id)
+        self.check_id("group_id", group_id)?;
+        let call = self.store.call(group_id, id).await?;
+        self.durable_read(group_id, call)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no call {id:?} in thread {group_id:?}")))
     }
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
-        self.ready_to_read(group_id).await?;
-        self.store
-            .thread(group_id)
+        self.check_id("group_id", group_id)?;
+        let thread = self.store.thread(group_id).await?;
+        self.durable_read(group_id, thread)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no thread {group_id:?}")))
     }
 
-    /// The most recently active threads, newest first.
+    /// The most recently active threads, newest first (each as durable).
     pub async fn recent_threads(&self, limit: usize) -> Result<Vec<ThreadMeta>, Error> {
         let mut threads = self.store.threads().await?;
         threads.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
         threads.truncate(limit);
+        let mut pending = false;
+        for thread in &threads {
+            if !self.store.is_durable(&thread.group_id, 0) {
+                self.store.settle(&thread.group_id).await?;
+                pending = true;
+            }
+        }
+        if pending {
+            self.store.flush().await?;
+        }
         Ok(threads)
     }
 
     /// A thread's calls, oldest first.
     pub async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
-        self.ready_to_read(group_id).await?;
-        let mut calls = self.store.calls(group_id).await?;
+        self.check_id("group_id", group_id)?;
+        let calls = self.store.calls(group_id).await?;
+        let mut calls = self.durable_read(group_id, calls).await?;
         calls.sort_by_key(|c| c.accepted_seq);
         Ok(calls)
     }
