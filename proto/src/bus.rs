@@ -24,4 +24,11 @@ impl Work {
             Work::Dispatch { invocation, .. } => &invocation.group_id,
         }
     }
+
+    /// The call this work is for, within its thread.
+    pub fn call_id(&self) -> &str {
+        match self {
+            Work::Dispatch { invocation, .. } => &invocation.id,
+        }
+    }
 }

@@ -77,7 +77,12 @@ impl Bus for LocalBus {
         let group_id = work.group_id().to_owned();
         let mut queues = self.inner.queues.lock().expect("bus lock");
         if let Some(queue) = queues.get_mut(&group_id) {
-            queue.push_back(work);
+            // A resubmitted call enqueues its work again (the first copy may
+            // never have reached a bus); one copy waiting is enough, or a
+            // client retrying behind a slow call would grow the queue.
+            if !queue.iter().any(|w| w.call_id() == work.call_id()) {
+                queue.push_back(work);
+            }
             return Ok(());
         }
         queues.insert(group_id.clone(), VecDeque::new());
@@ -130,6 +135,8 @@ mod tests {
         for i in 0..3 {
             bus.publish(work("slow", &i.to_string())).await.unwrap();
         }
+        // Work for a call already waiting is not queued twice.
+        bus.publish(work("slow", "2")).await.unwrap();
         bus.publish(work("fast", "0")).await.unwrap();
         // The blocked thread does not hold up another thread.
         assert_eq!(seen.recv().await.unwrap(), "fast/0");
@@ -137,5 +144,8 @@ mod tests {
         for i in 0..3 {
             assert_eq!(seen.recv().await.unwrap(), format!("slow/{i}"));
         }
+        // Next in the thread's order: not a second slow/2.
+        bus.publish(work("slow", "end")).await.unwrap();
+        assert_eq!(seen.recv().await.unwrap(), "slow/end");
     }
 }
