@@ -456,6 +456,16 @@ async fn sessions_negotiate_their_revision_and_end_with_delete() {
         (gone.status, &gone.body["error"]["code"]),
         (404, &json!(-32001))
     );
+    // A notification in the ended session is refused the same way.
+    let notice = http
+        .post(&raw.url)
+        .header("mcp-session-id", session.clone())
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(notice.status(), 404);
     assert_eq!(delete(&session).await.unwrap().status(), 404);
 
     raw.session = None;

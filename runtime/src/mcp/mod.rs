@@ -111,7 +111,15 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
             return error_reply(&Value::Null, &e);
         }
     };
-    let (id, method, params) = match Incoming::parse(&body) {
+    let incoming = Incoming::parse(&body);
+    if let (Ok(Incoming::Notification { .. } | Incoming::Response), Some(Err(e))) =
+        (&incoming, session::in_session(&mcp.sessions, &headers))
+    {
+        // A notification in a session that is gone is refused like a
+        // request (404): the client learns it must initialize again.
+        return error_reply(&Value::Null, &e);
+    }
+    let (id, method, params) = match incoming {
         Err((id, e)) => return error_reply(&id, &e),
         Ok(Incoming::Notification { method }) => {
             // `notifications/initialized`, `notifications/cancelled` (a call
