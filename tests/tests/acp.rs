@@ -345,6 +345,19 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     assert_eq!(last_seq().await, before);
     let (_, call) = api.call("g-bad", "drop-3").await;
     assert_eq!(call["status"], "pending_approval");
+    // A path that is not UTF-8: the API's JSON error, not axum's text.
+    let (status, body) = api.get("/v1/threads/%FF/acp").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    let (status, body) = api.post("/v1/threads/%FF/acp", &json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
 }
 
 #[tokio::test]

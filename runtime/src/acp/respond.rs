@@ -4,7 +4,7 @@
 //! `cancelled` cancels the call. Errors are JSON-RPC error objects and
 //! change nothing. Answers 202 with no body when the response was taken.
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,6 +14,7 @@ use tracing::info;
 
 use super::messages::PERMISSION_PREFIX;
 use crate::engine::Error;
+use crate::http::path::Path;
 use crate::http::AppState;
 use crate::thread::Rejection;
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use ferry_proto::api::Event;
@@ -14,6 +14,7 @@ use futures::stream::{Stream, StreamExt};
 
 use super::messages::message;
 use crate::engine::Engine;
+use crate::http::path::Path;
 use crate::http::threads::{follow, resume_point};
 use crate::http::{ApiError, AppState};
 
