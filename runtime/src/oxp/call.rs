@@ -12,9 +12,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::{CallStatus, SubmitCall};
@@ -43,8 +42,8 @@ const RETRY_AFTER_MS: u64 = 1000;
 /// (unreachable, kept failing with 5xx, lost) are transient.
 const REFUSED: &str = "Error: the tool refused the call";
 
-pub async fn call(State(oxp): State<Arc<Oxp>>, headers: HeaderMap, body: Bytes) -> Response {
-    match handle(&oxp, &headers, &body).await {
+pub async fn call(State(oxp): State<Arc<Oxp>>, req: Request) -> Response {
+    match handle(&oxp, req).await {
         Ok(result) => (
             StatusCode::OK,
             Json(json!({"$schema": SCHEMA, "result": result})),
@@ -58,12 +57,18 @@ fn bad(message: &str, developer: impl Into<String>) -> OxpError {
     OxpError::server(message, developer)
 }
 
-async fn handle(oxp: &Oxp, headers: &HeaderMap, body: &[u8]) -> Result<Value, OxpError> {
+async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
+    let headers = req.headers().clone();
+    let headers = &headers;
+    // Credentials before the body: a stranger's upload is not read.
     oxp.auth.check(headers).map_err(|e| {
         info!(error = %e, "OXP credentials refused");
         OxpError::unauthorized(e.to_string())
     })?;
-    let body: Value = serde_json::from_slice(body).map_err(|e| {
+    let body = crate::http::body::read_bytes(req, oxp.max_body_bytes)
+        .await
+        .map_err(|e| bad("The request could not be read", e.body.error.message))?;
+    let body: Value = serde_json::from_slice(&body).map_err(|e| {
         bad(
             "The request is malformed",
             format!("the body is not JSON: {e}"),

@@ -48,6 +48,7 @@ pub struct Oxp {
     engine: Arc<Engine>,
     auth: auth::Auth,
     wait: Duration,
+    max_body_bytes: usize,
 }
 
 /// The `/oxp` routes, to merge beside the native API.
@@ -56,11 +57,11 @@ pub fn router(engine: Arc<Engine>, config: &OxpConfig) -> Router {
         engine,
         auth: auth::Auth::new(&config.auth),
         wait: config.wait,
+        max_body_bytes: config.max_body_bytes,
     });
     Router::new()
         .route("/oxp/health", get(tools::health))
         .route("/oxp/tools", get(tools::list))
         .route("/oxp/tools/call", post(call::call))
-        .layer(axum::extract::DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
 }
