@@ -13,7 +13,9 @@ use crate::thread::Command;
 impl Outcomes for Engine {
     async fn still_wanted(&self, group_id: &str, id: &str) -> bool {
         match self.store.call(group_id, id).await {
-            Ok(Some(call)) => call.status == CallStatus::Queued,
+            // A subscription event from the tool proves it has the call,
+            // even before its 200 reached us: sending again is pointless.
+            Ok(Some(call)) => call.status == CallStatus::Queued && call.subscription_events == 0,
             Ok(None) => false,
             // When in doubt, dispatch: the tool may see a call twice, the
             // agent never sees two results (invariant 4).

@@ -340,6 +340,26 @@ fn a_thread_holds_at_most_its_bound_of_active_subscriptions() {
 }
 
 #[test]
+fn a_tool_that_sent_events_is_not_failed_for_a_missing_ack() {
+    let failed = Command::DispatchFailed {
+        id: "s".into(),
+        attempts: 5,
+        text: "Error: the tool could not be reached after 5 attempts".into(),
+    };
+    let state = check(vec![
+        (
+            Command::Submit(new_call("s", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (sub_event("s", "early", false), Ok(&["subscription_event"])),
+        // Its 200 never arrived, but it is running the call.
+        (failed, Ok(&[])),
+        (result("s", "subscribed", true), Ok(&["tool_result"])),
+    ]);
+    assert_eq!(status(&state, "s"), CallStatus::Subscribed);
+}
+
+#[test]
 fn a_final_event_before_the_result_leaves_no_active_subscription() {
     let state = check(vec![
         (
