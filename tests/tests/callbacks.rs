@@ -381,6 +381,21 @@ async fn oauth_user_choice_and_view_update_are_recorded() {
         api.thread("g").await.1["views"],
         json!({"diff": {"patch": "+x"}})
     );
+    // A thread holds a bounded number of views: one more type is refused
+    // (a 4xx: the tool does not retry it), an existing one still updates.
+    let bound = ferry_runtime::thread::MAX_VIEWS;
+    for i in 1..bound {
+        let more = json!({"type": "view_update", "group_id": "g", "view_type": format!("v{i}"), "content": i});
+        assert_eq!(api.post(&url, &more).await.0, 200);
+    }
+    let over = json!({"type": "view_update", "group_id": "g", "view_type": "over", "content": 0});
+    let (status, body) = api.post(&url, &over).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("too_many_views")),
+        "{body}"
+    );
+    assert_eq!(api.post(&url, &view).await.1["status"], "duplicate");
     assert_eq!(
         api.post(&url, &result("g", "c", "authorized and chosen"))
             .await
@@ -391,13 +406,15 @@ async fn oauth_user_choice_and_view_update_are_recorded() {
     assert_eq!(call["status"], "completed");
     assert!(call.get("auth_url").is_none() && call.get("choice").is_none());
     let kinds = types(&api, "g").await;
-    for kind in ["oauth", "user_choice", "view_update", "tool_result"] {
+    for kind in ["oauth", "user_choice", "tool_result"] {
         assert_eq!(
             kinds.iter().filter(|k| *k == kind).count(),
             1,
             "{kind} in {kinds:?}"
         );
     }
+    let views = kinds.iter().filter(|k| *k == "view_update").count();
+    assert_eq!(views, ferry_runtime::thread::MAX_VIEWS, "{kinds:?}");
 }
 
 #[tokio::test]

@@ -51,6 +51,7 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
             Rejection::NoGrant(_) => (S::NOT_FOUND, "no_grant"),
             Rejection::NotAwaitingChoice { .. } => (S::CONFLICT, "not_awaiting_choice"),
             Rejection::BadChoice(_) => (S::UNPROCESSABLE_ENTITY, "invalid_choice"),
+            Rejection::TooManyViews(_) => (S::CONFLICT, "too_many_views"),
         },
         Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
         Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),

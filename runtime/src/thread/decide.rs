@@ -5,7 +5,7 @@ use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::Callback;
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, ThreadState};
-use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS};
+use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS};
 
 /// Something asked of a thread.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,6 +176,8 @@ pub enum Rejection {
     NotAwaitingChoice { id: String, status: CallStatus },
     #[error("{0}")]
     BadChoice(String),
+    #[error("the thread already holds {MAX_VIEWS} views; {0:?} would be one more")]
+    TooManyViews(String),
 }
 
 /// Decides what `command` does to `state`. Pure.
@@ -490,6 +492,9 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
     if let Callback::ViewUpdate(v) = cb {
         if state.meta.views.get(&v.view_type) == Some(&v.content) {
             return Ok(Decision::nothing(Outcome::Duplicate));
+        }
+        if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
+            return Err(Rejection::TooManyViews(v.view_type.clone()));
         }
         return Ok(Decision::applied(vec![Change {
             id: None,

@@ -30,5 +30,11 @@ pub const LOST_SUBSCRIPTION_TEXT: &str =
 /// would open one more is recorded, and its subscription cancelled at once.
 pub const MAX_ACTIVE_SUBSCRIPTIONS: usize = 64;
 
+/// Live views (`view_type`s) one thread may hold. Their latest contents are
+/// part of the thread's metadata, which every command loads and every
+/// commit carries: a tool inventing view types without end would make the
+/// thread heavier with each one.
+pub const MAX_VIEWS: usize = 32;
+
 #[cfg(test)]
 mod tests;

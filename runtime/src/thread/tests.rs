@@ -552,6 +552,29 @@ fn view_updates_keep_the_latest_content() {
 }
 
 #[test]
+fn a_thread_holds_at_most_its_bound_of_views() {
+    let view = |kind: &str, n: i64| {
+        Command::Callback(Callback::ViewUpdate(ViewUpdate {
+            group_id: G.into(),
+            view_type: kind.into(),
+            content: json!({"n": n}),
+        }))
+    };
+    let mut steps: Vec<(Command, Expect)> = (0..MAX_VIEWS)
+        .map(|i| (view(&format!("v{i}"), 1), Ok(&["view_update"][..])))
+        .collect();
+    steps.push((
+        view("one more", 1),
+        Err(Rejection::TooManyViews("one more".into())),
+    ));
+    // A view it holds still updates.
+    steps.push((view("v0", 2), Ok(&["view_update"][..])));
+    let state = check(steps);
+    assert_eq!(state.meta.views.len(), MAX_VIEWS);
+    assert_eq!(state.meta.views["v0"], json!({"n": 2}));
+}
+
+#[test]
 fn a_closed_thread_refuses_calls() {
     check(vec![
         (Command::Close, Ok(&["thread_closed"])),
