@@ -92,6 +92,7 @@ impl Engine {
         };
         let executed = self.execute(group_id, command).await?;
         let call = executed.state.calls[id].clone();
+        self.disarm(group_id, id);
         info!(
             group_id,
             call_id = id,
@@ -136,6 +137,14 @@ impl Engine {
             warn!(group_id, call_id = %call.id, deadline, "unreadable approval deadline");
             return;
         };
+        let key = (group_id.to_owned(), call.id.clone());
+        {
+            let mut armed = self.armed.lock().expect("armed lock");
+            if armed.contains_key(&key) {
+                return;
+            }
+            armed.insert(key, None);
+        }
         let _ = self.timers.send(Timer {
             group_id: group_id.to_owned(),
             id: call.id.clone(),
@@ -152,17 +161,24 @@ impl Engine {
         let engine = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(timer) = timers.recv().await {
-                let engine = engine.clone();
-                tokio::spawn(async move {
+                let key = (timer.group_id.clone(), timer.id.clone());
+                let weak = engine.clone();
+                let task = tokio::spawn(async move {
                     let wait = timer
                         .deadline
                         .duration_since(SystemTime::now())
                         .unwrap_or_default();
                     tokio::time::sleep(wait).await;
-                    let Some(engine) = engine.upgrade() else {
+                    let Some(engine) = weak.upgrade() else {
                         return;
                     };
                     let (g, id) = (&timer.group_id, &timer.id);
+                    // Ours to end now: the decision below must not abort it.
+                    engine
+                        .armed
+                        .lock()
+                        .expect("armed lock")
+                        .remove(&(g.clone(), id.clone()));
                     match engine
                         .decide(g, id, PermissionKind::RejectOnce, TIMEOUT_REVIEWER, None)
                         .await
@@ -174,8 +190,25 @@ impl Engine {
                         }
                     }
                 });
+                // Kept so that a decision can end the wait early; a timer
+                // that already fired removed its entry, and keeps none.
+                let Some(strong) = engine.upgrade() else {
+                    return;
+                };
+                let mut armed = strong.armed.lock().expect("armed lock");
+                if let Some(slot) = armed.get_mut(&key) {
+                    *slot = Some(task.abort_handle());
+                }
             }
         });
+    }
+
+    /// Ends a call's approval timeout, if armed here: it was decided.
+    pub(super) fn disarm(&self, group_id: &str, id: &str) {
+        let key = (group_id.to_owned(), id.to_owned());
+        if let Some(Some(task)) = self.armed.lock().expect("armed lock").remove(&key) {
+            task.abort();
+        }
     }
 }
 

@@ -125,6 +125,11 @@ pub struct Engine {
     /// Held across each change of the registered toolsets (read, change,
     /// store), so two changes never undo each other.
     toolset_writes: tokio::sync::Mutex<()>,
+    /// Approval timeouts armed in this process, by call: one each, however
+    /// often recovery asks (with its task once it runs).
+    armed: std::sync::Mutex<
+        std::collections::HashMap<(String, String), Option<tokio::task::AbortHandle>>,
+    >,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -157,6 +162,7 @@ impl Engine {
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             delivering: Default::default(),
             toolset_writes: Default::default(),
+            armed: Default::default(),
         }
     }
 
@@ -397,5 +403,27 @@ mod tests {
         );
         // Settled into sled, and `make_durable` flushes right after.
         assert!(!store.holds("g"), "refused before its state was written");
+    }
+
+    /// Recovery re-arms every pending approval each time it runs (every
+    /// minute on a cluster worker): one timer per call, not one per sweep.
+    #[tokio::test]
+    async fn an_approval_timeout_is_armed_once_and_a_decision_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(engine(Arc::new(SledStore::open(dir.path()).unwrap())));
+        engine.start_timers();
+        let new = call("c1", "a");
+        let mut record =
+            crate::thread::CallRecord::queued("c1", new.submission, new.tool, None, 1, "");
+        record.approval_deadline = Some("2099-01-01T00:00:00Z".into());
+        let armed = || engine.armed.lock().unwrap().len();
+        for _ in 0..3 {
+            engine.arm("g", &record);
+        }
+        assert_eq!(armed(), 1);
+        engine.disarm("g", "c1");
+        assert_eq!(armed(), 0);
+        engine.arm("g", &record);
+        assert_eq!(armed(), 1, "a call armed again after a decision");
     }
 }
