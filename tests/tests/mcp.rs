@@ -871,3 +871,49 @@ async fn the_official_conformance_suite_passes_the_scenarios_that_apply() {
     }
     answering.abort();
 }
+
+/// MCP 2025-03-26 lets a client send a JSON-RPC batch; a session on that
+/// revision gets one answer per request, in an array (later revisions
+/// removed batches: `bad_inputs_get_json_rpc_errors_and_change_nothing`).
+#[tokio::test]
+async fn a_2025_03_26_session_takes_json_rpc_batches() {
+    let ferry = Ferry::with_demo().await;
+    let mut raw = Raw::new(&ferry);
+    raw.initialize("2025-03-26").await;
+    let batch = json!([
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+         "params": {"name": "echo", "arguments": {"text": "one"}}},
+        {"jsonrpc": "2.0", "id": "two", "method": "ping"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/destroy"},
+        {"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": {}},
+        {"id": 5, "method": "ping"}
+    ]);
+    let answer = raw.send(batch.to_string().into_bytes(), &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let answers = answer.body.as_array().expect("an array of answers");
+    let by_id = |id: Value| {
+        answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("no answer for {id}: {answers:?}"))
+    };
+    assert_eq!(answers.len(), 5, "one per request: {answers:?}");
+    assert_eq!(text_of(&by_id(json!(1))["result"]), "one");
+    assert_eq!(by_id(json!("two"))["result"], json!({}));
+    assert_eq!(by_id(json!(3))["error"]["code"], -32601);
+    assert_eq!(by_id(json!(4))["error"]["code"], -32600);
+    // No "jsonrpc": invalid, answered under its id.
+    assert_eq!(by_id(json!(5))["error"]["code"], -32600);
+    // Only notifications: nothing to answer.
+    let quiet = json!([{"jsonrpc": "2.0", "method": "notifications/initialized"}]);
+    assert_eq!(
+        raw.send(quiet.to_string().into_bytes(), &[]).await.status,
+        202
+    );
+    let empty = raw.send(b"[]".to_vec(), &[]).await;
+    assert_eq!(
+        (empty.status, &empty.body["error"]["code"]),
+        (400, &json!(-32600))
+    );
+}

@@ -1,5 +1,6 @@
-//! JSON-RPC 2.0 framing for `/mcp`: one message per POST (batches were
-//! removed from MCP in 2025-06-18), its error codes, and answers.
+//! JSON-RPC 2.0 framing for `/mcp`: one message per POST, or for a
+//! 2025-03-26 session a batch of them (batches were removed from MCP in
+//! 2025-06-18), its error codes, and answers.
 
 use serde_json::{json, Map, Value};
 
@@ -91,6 +92,11 @@ impl Incoming {
                 RpcError::transport(400, PARSE_ERROR, format!("Parse error: {e}")),
             )
         })?;
+        Self::from_value(value)
+    }
+
+    /// Classifies one message (a whole body, or one member of a batch).
+    pub fn from_value(value: Value) -> Result<Incoming, (Value, RpcError)> {
         let bad = |id: Value, why: &str| {
             Err((
                 id,
@@ -102,7 +108,7 @@ impl Incoming {
             Value::Array(_) => {
                 return bad(
                     Value::Null,
-                    "JSON-RPC batches are not supported (removed in MCP 2025-06-18); send one message per POST",
+                    "JSON-RPC batches are supported only in a 2025-03-26 session (they were removed in MCP 2025-06-18); send one message per POST",
                 )
             }
             _ => return bad(Value::Null, "a JSON-RPC message must be an object"),

@@ -111,6 +111,9 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
             return error_reply(&Value::Null, &e);
         }
     };
+    if let Some(batch) = batch_of(&body) {
+        return receive_batch(&mcp, &headers, batch).await;
+    }
     let incoming = Incoming::parse(&body);
     if let (Ok(Incoming::Notification { .. } | Incoming::Response), Some(Err(e))) =
         (&incoming, session::in_session(&mcp.sessions, &headers))
@@ -182,6 +185,67 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
     match answer_message(&id, &ctx, answer) {
         Some(message) => Json(message).into_response(),
         None => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+/// The messages of a body that is a JSON array, if it is one.
+fn batch_of(body: &[u8]) -> Option<Vec<Value>> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+    if *first != b'[' {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
+}
+
+/// A JSON-RPC batch, which MCP 2025-03-26 allows (and 2025-06-18 removed):
+/// requests and notifications in one POST, answered together as an array
+/// (202 when none is a request). Its requests run concurrently.
+async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -> Response {
+    let refuse = |why: &str| {
+        let e = RpcError::transport(400, INVALID_REQUEST, format!("Invalid Request: {why}"));
+        error_reply(&Value::Null, &e)
+    };
+    let ctx = match session::in_session(&mcp.sessions, headers) {
+        Some(Ok(ctx)) if ctx.version == session::BATCH_VERSION => ctx,
+        Some(Err(e)) => return error_reply(&Value::Null, &e),
+        _ => {
+            return refuse(
+                "JSON-RPC batches are supported only in a 2025-03-26 session (they were removed in MCP 2025-06-18); send one message per POST",
+            )
+        }
+    };
+    if batch.is_empty() {
+        return refuse("an empty batch");
+    }
+    let answers = futures::future::join_all(batch.into_iter().map(|message| {
+        let ctx = &ctx;
+        async move {
+            match Incoming::from_value(message) {
+                Err((id, e)) => Some(jsonrpc::error_response(&id, &e)),
+                Ok(Incoming::Notification { .. } | Incoming::Response) => None,
+                Ok(Incoming::Request { id, method, .. }) if method == "initialize" => {
+                    let e = RpcError::new(
+                        INVALID_REQUEST,
+                        "initialize must not be part of a JSON-RPC batch",
+                    );
+                    Some(jsonrpc::error_response(&id, &e))
+                }
+                Ok(Incoming::Request { id, method, params }) => {
+                    let span = info_span!("mcp", %method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version, batch = true);
+                    let answer = dispatch(mcp, ctx, &method, &params, None)
+                        .instrument(span)
+                        .await;
+                    answer_message(&id, ctx, answer)
+                }
+            }
+        }
+    }))
+    .await;
+    let answers: Vec<Value> = answers.into_iter().flatten().collect();
+    if answers.is_empty() {
+        StatusCode::ACCEPTED.into_response()
+    } else {
+        Json(Value::Array(answers)).into_response()
     }
 }
 

@@ -16,6 +16,8 @@ use super::jsonrpc::{
 
 /// The revisions reachable through `initialize`, newest first.
 pub const HANDSHAKE_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// The one revision whose sessions take JSON-RPC batches.
+pub const BATCH_VERSION: &str = "2025-03-26";
 /// The stateless revision: no handshake, no session.
 pub const MODERN_VERSION: &str = "2026-07-28";
 
