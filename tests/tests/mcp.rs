@@ -729,7 +729,20 @@ async fn long_running_tools_run_as_tasks_backed_by_the_durable_call() {
             json!({"name": "echo", "arguments": {"text": "x"}, "task": {}}),
         )
         .await;
-    assert_eq!(refused.body["error"]["code"], -32602);
+    // taskSupport "forbidden": Method not found.
+    assert_eq!(refused.body["error"]["code"], -32601);
+    // A longRunning tool named as `Toolset.tool` takes a task too.
+    let qualified = raw
+        .rpc(
+            "tools/call",
+            json!({"name": "demo.sleep", "arguments": {"seconds": 0.1}, "task": {}}),
+        )
+        .await;
+    assert_eq!(
+        qualified.body["result"]["task"]["status"], "working",
+        "{}",
+        qualified.body
+    );
 }
 
 /// A task outlives the process that created it and the session that asked:

@@ -358,15 +358,27 @@ async fn call(
         .ok_or_else(|| RpcError::invalid_params("tools/call needs params.name, a string"))?;
     let as_task = ctx.tasks() && params.get("task").is_some_and(Value::is_object);
     if as_task {
+        // By any name the tool answers to (bare, `Toolset.tool`, ...): the
+        // listed entry of the tool it resolves to says.
+        let qualified = engine.registry.resolve(name).ok().map(|r| r.qualified);
         let listed = tools::all(engine, ctx);
         let supports = listed
             .iter()
-            .find(|t| t["name"] == name)
+            .find(|t| {
+                t["name"] == name
+                    || qualified
+                        .as_deref()
+                        .is_some_and(|q| t["_meta"]["io.ferry/qualified"] == q)
+            })
             .is_some_and(|t| t.get("execution").is_some());
         if !supports {
-            return Err(RpcError::invalid_params(format!(
-                "tool {name:?} does not support task-augmented execution (only tools annotated longRunning do)"
-            )));
+            // The tool's taskSupport is "forbidden": Method not found.
+            return Err(RpcError::new(
+                METHOD_NOT_FOUND,
+                format!(
+                    "tool {name:?} does not support task-augmented execution (only tools annotated longRunning do)"
+                ),
+            ));
         }
     }
     // A client that names the call (`_meta["io.ferry/id"]`) may retry it:
