@@ -38,3 +38,32 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Three calls to `stuck` (toolset `stuck`, tool `wait`, answering 429 with
+/// a long `Retry-After`, and no more than two attempts allowed in flight)
+/// wait out their retry, while a call to `healthy` (tool `go`) is
+/// dispatched at once. Shared by the single-node and cluster tests.
+pub async fn calls_waiting_to_retry_leave_room(api: &Api, stuck: &TestTool) {
+    use serde_json::json;
+    for i in 0..3 {
+        let (status, body) = api
+            .submit(json!({"operation": "wait", "arguments": {}, "group_id": format!("s{i}"), "id": "c"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for _ in 0..3 {
+        stuck.next_invocation().await;
+    }
+    let (status, body) = api
+        .submit(json!({"operation": "go", "arguments": {}, "group_id": "h", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    // `wait_for` gives up after 20 s; the stuck calls wait 120 s.
+    let dispatched = api.wait_for("h", "c", "call_dispatched").await;
+    assert_eq!(dispatched["payload"]["attempts"], 1);
+    for i in 0..3 {
+        let (_, call) = api.call(&format!("s{i}"), "c").await;
+        assert_eq!(call["status"], "queued", "the stuck calls still wait");
+    }
+    assert_eq!(stuck.invocations().len(), 3);
+}

@@ -311,25 +311,31 @@ async fn nats_down_for_five_seconds_under_load_loses_nothing() {
     answering.abort();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn reads_say_unavailable_while_nats_is_down_and_calls_are_journaled() {
-    let mut c = Cluster::start(1).await;
-    let a = c.a.api();
-    c.nats.kill9();
-    let (status, body) = a.get("/v1/threads/g").await;
+/// With NATS unreachable a node's reads answer 503, and bad input is
+/// still refused at once (journaling nothing).
+async fn without_nats_reads_fail_and_bad_calls_are_refused(node: &Api) {
+    let (status, body) = node.get("/v1/threads/g").await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (503, Some("unavailable")),
         "{body}"
     );
-    // Bad input is still refused at once, and journals nothing.
-    let (status, body) = a
+    let (status, body) = node
         .submit(json!({"operation": "nope", "arguments": {}, "group_id": "g", "id": "bad"}))
         .await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
-        (400, Some("unknown_tool"))
+        (400, Some("unknown_tool")),
+        "{body}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_say_unavailable_while_nats_is_down_and_calls_are_journaled() {
+    let mut c = Cluster::start(1).await;
+    let a = c.a.api();
+    c.nats.kill9();
+    without_nats_reads_fail_and_bad_calls_are_refused(&a).await;
     // A good call is durable on A: 202, journaled, not yet in the log.
     let (status, body) = a
         .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "j"}))
@@ -698,27 +704,8 @@ async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
         &[&flags[..], &["--max-backoff-ms", "200000"]].concat(),
     )
     .await;
-    let api = a.api();
-    for i in 0..3 {
-        let (status, body) = api
-            .submit(json!({"operation": "wait", "arguments": {}, "group_id": format!("s{i}"), "id": "c"}))
-            .await;
-        assert_eq!(status, 202, "{body}");
-    }
-    for _ in 0..3 {
-        stuck.next_invocation().await;
-    }
-    let (status, body) = api
-        .submit(json!({"operation": "go", "arguments": {}, "group_id": "h", "id": "c"}))
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let dispatched = api.wait_for("h", "c", "call_dispatched").await;
-    assert_eq!(dispatched["payload"]["attempts"], 1);
-    for i in 0..3 {
-        let (_, call) = api.call(&format!("s{i}"), "c").await;
-        assert_eq!(call["status"], "queued", "the stuck calls still wait");
-    }
-    assert_eq!(stuck.invocations().len(), 3);
+    ferry_tests::calls_waiting_to_retry_leave_room(&a.api(), &stuck).await;
+    assert_eq!(healthy.invocations().len(), 1);
 }
 
 /// A relayed request applied a second time (its worker died after storing
@@ -806,20 +793,7 @@ async fn a_node_started_while_nats_is_down_journals_calls_and_relays_them_later(
     c.nats.kill9();
     c.a.restart().await;
     let a = c.a.api();
-    let (status, body) = a.get("/v1/threads/g").await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (503, Some("unavailable")),
-        "{body}"
-    );
-    let (status, body) = a
-        .submit(json!({"operation": "nope", "arguments": {}, "group_id": "g", "id": "bad"}))
-        .await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (400, Some("unknown_tool")),
-        "{body}"
-    );
+    without_nats_reads_fail_and_bad_calls_are_refused(&a).await;
     let (status, body) = a
         .submit(json!({"operation": "op", "arguments": {"text": 1}, "group_id": "g", "id": "bad"}))
         .await;

@@ -188,33 +188,8 @@ async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
         .args
         .extend(["--max-in-flight", "2", "--max-backoff-ms", "200000"].map(String::from));
     let ferry = Ferry::start(options).await;
-    let api = ferry.api();
-    // More calls waiting to retry than attempts may be in flight.
-    for i in 0..3 {
-        let (status, body) = api
-            .submit(json!({"operation": "wait", "arguments": {}, "group_id": format!("s{i}"), "id": "c"}))
-            .await;
-        assert_eq!(status, 202, "{body}");
-    }
-    for _ in 0..3 {
-        stuck.next_invocation().await;
-    }
-    let (status, body) = api
-        .submit(json!({"operation": "go", "arguments": {}, "group_id": "h", "id": "c"}))
-        .await;
-    assert_eq!(status, 202, "{body}");
-    // `wait_for` gives up after 20 s; the stuck calls wait 120 s.
-    let dispatched = api.wait_for("h", "c", "call_dispatched").await;
-    assert_eq!(dispatched["payload"]["attempts"], 1);
+    ferry_tests::calls_waiting_to_retry_leave_room(&ferry.api(), &stuck).await;
     assert_eq!(healthy.invocations().len(), 1);
-    for i in 0..3 {
-        let (_, call) = api.call(&format!("s{i}"), "c").await;
-        assert_eq!(
-            (call["status"].as_str(), stuck.invocations().len()),
-            (Some("queued"), 3),
-            "the stuck calls still wait for their retry"
-        );
-    }
 }
 
 /// Bad dispatch settings stop `ferry` before it starts, saying which.

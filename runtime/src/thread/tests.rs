@@ -51,6 +51,19 @@ fn sub_event(id: &str, text: &str, is_final: bool) -> Command {
     }))
 }
 
+/// A tool's `user_choice` for call `id`.
+fn user_choice(id: &str) -> Command {
+    Command::Callback(Callback::UserChoice(ferry_proto::rap::UserChoice {
+        group_id: G.into(),
+        id: id.into(),
+        call_id: None,
+        prompt: "which?".into(),
+        choices: vec!["a".into(), "b".into()],
+        default: 0,
+        response_url: "http://tool/answer".into(),
+    }))
+}
+
 /// What one command must answer: the event types it records, or a refusal.
 type Expect = Result<&'static [&'static str], Rejection>;
 
@@ -110,16 +123,7 @@ fn a_call_runs_to_completion_and_numbers_its_events() {
 /// nothing is owed, including a user's answer the tool has not taken.
 #[test]
 fn unsettled_calls_are_those_ferry_still_owes_something() {
-    use ferry_proto::rap::UserChoice;
-    let choice = Command::Callback(Callback::UserChoice(UserChoice {
-        group_id: G.into(),
-        id: "u".into(),
-        call_id: None,
-        prompt: "which?".into(),
-        choices: vec!["a".into(), "b".into()],
-        default: 0,
-        response_url: "http://tool/answer".into(),
-    }));
+    let choice = user_choice("u");
     let state = check(vec![
         (
             Command::Submit(new_call("c", json!({}))),
@@ -189,16 +193,7 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
 
 #[test]
 fn a_cancelled_call_owes_its_tool_no_answer() {
-    use ferry_proto::rap::UserChoice;
-    let choice = Command::Callback(Callback::UserChoice(UserChoice {
-        group_id: G.into(),
-        id: "u".into(),
-        call_id: None,
-        prompt: "which?".into(),
-        choices: vec!["a".into(), "b".into()],
-        default: 0,
-        response_url: "http://tool/answer".into(),
-    }));
+    let choice = user_choice("u");
     let state = check(vec![
         (
             Command::Submit(new_call("u", json!({}))),
