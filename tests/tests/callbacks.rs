@@ -178,6 +178,22 @@ async fn forged_mismatched_and_unknown_callbacks_record_nothing() {
             400,
             "invalid_callback",
         ),
+        (
+            "user_choice with a response_url no answer could reach",
+            url_a.clone(),
+            json!({"type": "user_choice", "group_id": "g", "id": "a", "prompt": "?",
+                   "choices": ["x"], "default": 0, "response_url": "ftp://tool/answer"}),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "user_choice with a response_url that is no URL",
+            url_a.clone(),
+            json!({"type": "user_choice", "group_id": "g", "id": "a", "prompt": "?",
+                   "choices": ["x"], "default": 0, "response_url": "answer here"}),
+            400,
+            "invalid_callback",
+        ),
     ];
     for (what, url, body, status, code) in cases {
         let raw = match &body {

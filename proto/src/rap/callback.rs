@@ -32,6 +32,14 @@ pub enum CallbackError {
     },
 }
 
+/// `http://host…` or `https://host…`, with no whitespace.
+fn is_http_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/') && !url.contains(char::is_whitespace))
+}
+
 impl Callback {
     pub const TYPES: [&'static str; 5] = [
         "tool_result",
@@ -63,7 +71,9 @@ impl Callback {
     }
 
     /// Rules serde cannot express: a `tool_result` carries `text` or
-    /// `content`; a `user_choice` has a choice and a valid default.
+    /// `content`; a `user_choice` has a choice, a valid default, and an
+    /// http(s) `response_url` (an answer for any other could never be
+    /// delivered).
     fn check(&self) -> Result<(), &'static str> {
         match self {
             Callback::ToolResult(r) if r.text.is_none() && r.content.is_none() => {
@@ -74,6 +84,9 @@ impl Callback {
             }
             Callback::UserChoice(c) if c.default >= c.choices.len() => {
                 Err("`default` is not a valid index into `choices`")
+            }
+            Callback::UserChoice(c) if !is_http_url(&c.response_url) => {
+                Err("`response_url` must be an http:// or https:// URL")
             }
             _ => Ok(()),
         }

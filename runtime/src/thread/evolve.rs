@@ -186,6 +186,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     call.undelivered_choice = Some(super::state::ChoiceAnswer {
                         index: *index,
                         response_url,
+                        seq: event.seq,
                     });
                     CallStatus::Dispatched
                 }

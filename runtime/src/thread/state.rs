@@ -122,6 +122,10 @@ impl CallRecord {
 pub struct ChoiceAnswer {
     pub index: usize,
     pub response_url: String,
+    /// The `choice_made` event's sequence number: what tells two equal
+    /// answers to two prompts apart.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// A decision of the approval gate.

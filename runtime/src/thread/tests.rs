@@ -151,9 +151,10 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         "its answer is owed"
     );
     let answer = state.calls["u"].undelivered_choice.clone().unwrap();
-    // The delivery of another answer (an older one, late) settles nothing.
+    // The delivery of another answer settles nothing: an older one, late,
+    // even if it picked the same choice on the same `response_url`.
     let older = ChoiceAnswer {
-        index: 0,
+        seq: answer.seq - 1,
         ..answer.clone()
     };
     let late = Command::ChoiceDelivered {
