@@ -823,3 +823,26 @@ async fn a_node_started_while_nats_is_down_journals_calls_and_relays_them_later(
     let events = a.events("g", 0).await;
     assert!(events.iter().all(|e| e["id"] != "bad"), "{events:?}");
 }
+
+/// A toolset deleted through one node leaves every node's registry: B
+/// stops listing its tools and refuses calls to them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_toolset_deleted_on_one_node_leaves_every_node() {
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let (status, body) = a.delete("/v1/toolsets/t").await;
+    assert_eq!(status, 200, "{body}");
+    eventually("B to drop the tool", Duration::from_secs(20), || async {
+        let (_, tools) = b.get("/v1/tools").await;
+        (!tools.to_string().contains("\"op\"")).then_some(())
+    })
+    .await;
+    let (status, body) = b
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("unknown_tool")),
+        "{body}"
+    );
+}

@@ -62,15 +62,21 @@ impl Engine {
         Ok(stored)
     }
 
-    /// Registers toolsets read elsewhere (a cluster node's copy of them,
-    /// while NATS is unreachable).
+    /// Makes `stored` the registered toolsets (as read from the store, or
+    /// a cluster node's copy of them while NATS is unreachable): one
+    /// deleted elsewhere is gone here too.
     pub fn use_toolsets(&self, stored: Vec<StoredToolset>) {
-        for toolset in stored {
-            match toolsets::validate(toolset) {
-                Ok(loaded) => self.registry.insert(loaded),
-                Err(problems) => tracing::warn!(?problems, "stored toolset no longer valid"),
-            }
-        }
+        let loaded = stored
+            .into_iter()
+            .filter_map(|toolset| match toolsets::validate(toolset) {
+                Ok(loaded) => Some(loaded),
+                Err(problems) => {
+                    tracing::warn!(?problems, "stored toolset no longer valid");
+                    None
+                }
+            })
+            .collect();
+        self.registry.replace(loaded);
     }
 
     /// Fetches `{url}/.well-known/rap-toolset`, validates it, and registers

@@ -35,6 +35,20 @@ impl Registry {
             .insert(s.version.clone(), Arc::new(toolset));
     }
 
+    /// Makes `toolsets` the whole registry, at once: a toolset another
+    /// process deleted leaves this one too.
+    pub fn replace(&self, toolsets: Vec<LoadedToolset>) {
+        let mut fresh: BTreeMap<String, BTreeMap<Version, Arc<LoadedToolset>>> = BTreeMap::new();
+        for toolset in toolsets {
+            let s = &toolset.stored;
+            fresh
+                .entry(s.name.clone())
+                .or_default()
+                .insert(s.version.clone(), Arc::new(toolset));
+        }
+        *self.toolsets.write().expect("registry lock") = fresh;
+    }
+
     /// Removes one version, or all versions when `version` is `None`.
     /// Returns what was removed.
     pub fn remove(&self, name: &str, version: Option<&Version>) -> Vec<StoredToolset> {
