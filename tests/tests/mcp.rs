@@ -731,6 +731,14 @@ async fn long_running_tools_run_as_tasks_backed_by_the_durable_call() {
         .await;
     // taskSupport "forbidden": Method not found.
     assert_eq!(refused.body["error"]["code"], -32601);
+    // An unknown tool asked for as a task is an unknown tool.
+    let unknown = raw
+        .rpc(
+            "tools/call",
+            json!({"name": "nope", "arguments": {}, "task": {}}),
+        )
+        .await;
+    assert_eq!(unknown.body["error"]["code"], -32602, "{}", unknown.body);
     // A longRunning tool named as `Toolset.tool` takes a task too.
     let qualified = raw
         .rpc(
@@ -923,6 +931,16 @@ async fn a_2025_03_26_session_takes_json_rpc_batches() {
     assert_eq!(
         raw.send(quiet.to_string().into_bytes(), &[]).await.status,
         202
+    );
+    let pings: Vec<Value> = (0..65)
+        .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "ping"}))
+        .collect();
+    let large = raw
+        .send(Value::Array(pings).to_string().into_bytes(), &[])
+        .await;
+    assert_eq!(
+        (large.status, &large.body["error"]["code"]),
+        (400, &json!(-32600))
     );
     let empty = raw.send(b"[]".to_vec(), &[]).await;
     assert_eq!(

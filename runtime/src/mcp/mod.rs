@@ -188,6 +188,9 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
     }
 }
 
+/// Messages one batch may hold: its requests run at once.
+const MAX_BATCH: usize = 64;
+
 /// The messages of a body that is a JSON array, if it is one.
 fn batch_of(body: &[u8]) -> Option<Vec<Value>> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
@@ -216,6 +219,9 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
     };
     if batch.is_empty() {
         return refuse("an empty batch");
+    }
+    if batch.len() > MAX_BATCH {
+        return refuse(&format!("a batch holds at most {MAX_BATCH} messages"));
     }
     let answers = futures::future::join_all(batch.into_iter().map(|message| {
         let ctx = &ctx;
@@ -346,6 +352,23 @@ async fn dispatch(
     }
 }
 
+/// Whether the tool `name` resolves to is annotated `longRunning` (it
+/// takes tasks); `None` when no tool answers to `name`.
+fn long_running(engine: &Engine, name: &str) -> Option<bool> {
+    let qualified = engine.registry.resolve(name).ok()?.qualified;
+    engine.registry.list().iter().find_map(|toolset| {
+        let s = &toolset.stored;
+        s.manifest.tools.iter().find_map(|tool| {
+            (format!("{}.{}@{}", s.name, tool.name, s.version) == qualified).then(|| {
+                tool.annotations
+                    .as_ref()
+                    .and_then(|a| a.long_running)
+                    .unwrap_or(false)
+            })
+        })
+    })
+}
+
 async fn call(
     engine: &Arc<Engine>,
     ctx: &Context,
@@ -357,29 +380,16 @@ async fn call(
         .and_then(Value::as_str)
         .ok_or_else(|| RpcError::invalid_params("tools/call needs params.name, a string"))?;
     let as_task = ctx.tasks() && params.get("task").is_some_and(Value::is_object);
-    if as_task {
-        // By any name the tool answers to (bare, `Toolset.tool`, ...): the
-        // listed entry of the tool it resolves to says.
-        let qualified = engine.registry.resolve(name).ok().map(|r| r.qualified);
-        let listed = tools::all(engine, ctx);
-        let supports = listed
-            .iter()
-            .find(|t| {
-                t["name"] == name
-                    || qualified
-                        .as_deref()
-                        .is_some_and(|q| t["_meta"]["io.ferry/qualified"] == q)
-            })
-            .is_some_and(|t| t.get("execution").is_some());
-        if !supports {
-            // The tool's taskSupport is "forbidden": Method not found.
-            return Err(RpcError::new(
-                METHOD_NOT_FOUND,
-                format!(
-                    "tool {name:?} does not support task-augmented execution (only tools annotated longRunning do)"
-                ),
-            ));
-        }
+    // By any name the tool answers to (bare, `Toolset.tool`, `…@1.2.3`);
+    // an unknown tool goes on to the unknown-tool error.
+    if as_task && long_running(engine, name) == Some(false) {
+        // The tool's taskSupport is "forbidden": Method not found.
+        return Err(RpcError::new(
+            METHOD_NOT_FOUND,
+            format!(
+                "tool {name:?} does not support task-augmented execution (only tools annotated longRunning do)"
+            ),
+        ));
     }
     // A client that names the call (`_meta["io.ferry/id"]`) may retry it:
     // the same id and arguments attach to the same durable call.
