@@ -162,6 +162,13 @@ impl Engine {
         tokio::spawn(async move {
             while let Some(timer) = timers.recv().await {
                 let key = (timer.group_id.clone(), timer.id.clone());
+                // Decided (and disarmed) before its timer got here.
+                let armed = engine
+                    .upgrade()
+                    .is_some_and(|e| e.armed.lock().expect("armed lock").contains_key(&key));
+                if !armed {
+                    continue;
+                }
                 let weak = engine.clone();
                 let task = tokio::spawn(async move {
                     let wait = timer
@@ -200,6 +207,18 @@ impl Engine {
                     *slot = Some(task.abort_handle());
                 }
             }
+        });
+    }
+
+    /// Ends the timeouts armed here of calls not in `pending`.
+    pub(super) fn disarm_all_but(&self, pending: &std::collections::HashSet<(String, String)>) {
+        let mut armed = self.armed.lock().expect("armed lock");
+        armed.retain(|key, task| {
+            let keep = pending.contains(key);
+            if let (false, Some(task)) = (keep, task) {
+                task.abort();
+            }
+            keep
         });
     }
 

@@ -166,6 +166,7 @@ impl Engine {
             .await?;
         let call = executed.state.calls[id].clone();
         if call.status == CallStatus::Cancelled {
+            self.disarm(group_id, id);
             self.subscription_closed(group_id, id);
         }
         Ok(call)

@@ -425,5 +425,9 @@ mod tests {
         assert_eq!(armed(), 0);
         engine.arm("g", &record);
         assert_eq!(armed(), 1, "a call armed again after a decision");
+        // The recovery sweep ends the timers of calls no longer pending (here
+        // one the store never held: decided elsewhere, say).
+        engine.rearm().await.unwrap();
+        assert_eq!(armed(), 0);
     }
 }

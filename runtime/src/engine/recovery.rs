@@ -95,6 +95,7 @@ impl Engine {
     /// on two workers, is harmless: the state machine takes one decision.
     pub async fn rearm(self: &Arc<Self>) -> Result<usize, Error> {
         let mut rearmed = 0;
+        let mut pending = std::collections::HashSet::new();
         for (group_id, id) in self.store.open_calls().await? {
             let Some(call) = self.store.call(&group_id, &id).await? else {
                 continue;
@@ -105,9 +106,13 @@ impl Engine {
             }
             if call.status == CallStatus::PendingApproval {
                 self.arm(&group_id, &call);
+                pending.insert((group_id, id));
                 rearmed += 1;
             }
         }
+        // Calls decided elsewhere (another worker, a cancel) wait for no
+        // timeout here any more.
+        self.disarm_all_but(&pending);
         Ok(rearmed)
     }
 

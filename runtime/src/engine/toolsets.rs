@@ -102,12 +102,19 @@ impl Engine {
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
             })?;
         let _writing = self.toolset_writes.lock().await;
-        let policy = policy.unwrap_or_else(|| {
-            self.registry
-                .get(&manifest.name, Some(&version))
-                .map(|t| t.stored.policy.clone())
-                .unwrap_or_default()
-        });
+        // The stored policy, not this process's copy of it: in a cluster
+        // another node may have changed it a moment ago.
+        let policy = match policy {
+            Some(policy) => policy,
+            None => self
+                .store
+                .toolsets()
+                .await?
+                .into_iter()
+                .find(|t| t.name == manifest.name && t.version == version)
+                .map(|t| t.policy)
+                .unwrap_or_default(),
+        };
         let stored = StoredToolset {
             name: manifest.name.clone(),
             version,

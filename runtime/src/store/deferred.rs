@@ -14,9 +14,21 @@ use super::{Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 
-#[derive(Default)]
 pub struct Deferred {
     inner: OnceLock<Arc<dyn Store>>,
+    /// What watches taken before the store is there follow: it never
+    /// moves, and lives as long as the store, so their readers wait their
+    /// whole wait instead of ending early.
+    still: watch::Sender<u64>,
+}
+
+impl Default for Deferred {
+    fn default() -> Self {
+        Self {
+            inner: OnceLock::new(),
+            still: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Deferred {
@@ -85,7 +97,7 @@ impl Store for Deferred {
     fn watch(&self, group_id: &str) -> Watch {
         match self.inner.get() {
             Some(store) => store.watch(group_id),
-            None => Watch::new(watch::channel(0).1, Box::new(|| {})),
+            None => Watch::new(self.still.subscribe(), Box::new(|| {})),
         }
     }
 
