@@ -114,7 +114,15 @@ async fn jetstream_store(
         match ready.await {
             Ok(store) => return Ok(store),
             Err(e) if attempts.is_none_or(|n| attempt < n) => {
-                warn!(error = %e, "JetStream not ready yet; retrying");
+                // Half a minute of refusals from a NATS that answers is not
+                // an outage: say so louder (a node keeps journaling).
+                let connected =
+                    client.connection_state() == async_nats::connection::State::Connected;
+                if connected && attempt % 60 == 0 {
+                    tracing::error!(error = %e, attempt, "NATS answers but JetStream keeps refusing Ferry's streams (is --replicas more than the NATS cluster has?); retrying");
+                } else {
+                    warn!(error = %e, "JetStream not ready yet; retrying");
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => return Err(e),
