@@ -147,6 +147,12 @@ async fn long_poll_honours_wait_limit_and_after() {
     let (status, page) = api.get(&events_path("g", "after=100")).await;
     assert_eq!(status, 200, "{page}");
     assert_eq!(page, json!({"events": [], "next_after": 100}));
+    // The largest cursor there is: nothing after it, and no overflow.
+    let (status, page) = api
+        .get(&events_path("g", &format!("after={}", u64::MAX)))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"], json!([]));
 
     for query in ["after=abc", "after=-1", "limit=many", "wait=abc", "wait=-1"] {
         let answer = api.get(&events_path("g", query)).await;

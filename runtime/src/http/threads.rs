@@ -139,7 +139,10 @@ pub async fn events(
             "wait must be a non-negative number of seconds".into(),
         ));
     }
-    let deadline = Instant::now() + Duration::from_secs_f64(wait.min(3600.0));
+    // The documented bound holds for the whole request, however many pages
+    // of filtered-out events it reads.
+    let max_wait = app.engine.config.max_wait_secs as f64;
+    let deadline = Instant::now() + Duration::from_secs_f64(wait.min(max_wait));
     let mut next = after;
     loop {
         let wait = deadline.saturating_duration_since(Instant::now());

@@ -127,7 +127,7 @@ impl Tip {
     /// Durable events after `after` from memory, if memory holds them all.
     fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
         let first = self.recent.front()?;
-        if first.seq > after + 1 {
+        if first.seq > after.saturating_add(1) {
             return None;
         }
         let durable = *self.durable.borrow();
@@ -529,7 +529,10 @@ impl Store for SledStore {
         // may fall inside a commit (held events published before the write
         // that carried them), so the last commit read is the first keyed at
         // or above it, and its later events are left out.
-        let range = keys::commit(group_id, after + 1)..=keys::commit(group_id, u64::MAX);
+        let Some(from) = after.checked_add(1) else {
+            return Ok(vec![]);
+        };
+        let range = keys::commit(group_id, from)..=keys::commit(group_id, u64::MAX);
         let mut out = Vec::new();
         for entry in self.log.range(range) {
             let (_, bytes) = entry.map_err(backend)?;
