@@ -90,7 +90,28 @@ impl Engine {
             reviewer: reviewer.into(),
             reason,
         };
-        let executed = self.execute(group_id, command).await?;
+        let executed = match self.execute(group_id, command).await {
+            Err(Error::Rejected(Rejection::NotPendingApproval {
+                status: CallStatus::Queued,
+                ..
+            })) => {
+                // Allowed already, but perhaps never handed to the workers:
+                // the request that allowed it may be the one being applied
+                // again, its worker having died between the commit and the
+                // enqueue. Enqueue again (a tool may see a call twice,
+                // invariant 4), then refuse the repeat as before.
+                if let Some(call) = self.store.call(group_id, id).await? {
+                    if call.status == CallStatus::Queued {
+                        self.enqueue(group_id, &call).await?;
+                    }
+                }
+                return Err(Error::Rejected(Rejection::NotPendingApproval {
+                    id: id.into(),
+                    status: CallStatus::Queued,
+                }));
+            }
+            executed => executed?,
+        };
         let call = executed.state.calls[id].clone();
         self.disarm(group_id, id);
         info!(

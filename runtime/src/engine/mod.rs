@@ -405,6 +405,62 @@ mod tests {
         assert!(!store.holds("g"), "refused before its state was written");
     }
 
+    /// An allowed call whose dispatch work was lost (its worker died
+    /// between the commit and the enqueue; here, no worker was attached) is
+    /// enqueued again when the decision is applied again.
+    #[tokio::test]
+    async fn a_repeated_approval_enqueues_a_call_still_queued() {
+        use ferry_proto::api::ToolTarget;
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bus = LocalBus::new();
+        let engine = Arc::new(Engine::new(
+            Config::default(),
+            Arc::new(SledStore::open(dir.path()).unwrap()),
+            Arc::new(bus.clone()),
+            Capabilities::new(b"secret"),
+            reqwest::Client::new(),
+        ));
+        let mut gated = call("c1", "a");
+        gated.target = Some(ToolTarget {
+            tool_name: "echo".into(),
+            base_url: "http://tool".into(),
+            endpoint: "http://tool/invoke".into(),
+        });
+        gated.gate = Some(crate::thread::Gate {
+            deadline: "2099-01-01T00:00:00Z".into(),
+            inherited: None,
+        });
+        engine.execute("g", Command::Submit(gated)).await.unwrap();
+        // Allowed and stored, but the work reaches no worker.
+        let lost = engine
+            .decide_approval("g", "c1", "allow_once", "ana", None)
+            .await;
+        assert!(matches!(lost, Err(Error::Bus(_))), "{:?}", lost.err());
+        let (sent, mut work) = tokio::sync::mpsc::unbounded_channel();
+        bus.set_handler(Arc::new(move |w| {
+            let _ = sent.send(w);
+            async {}.boxed()
+        }));
+        let again = engine
+            .decide_approval("g", "c1", "allow_once", "ana", None)
+            .await;
+        assert!(
+            matches!(
+                again,
+                Err(Error::Rejected(Rejection::NotPendingApproval { .. }))
+            ),
+            "{:?}",
+            again.err()
+        );
+        let wait = std::time::Duration::from_secs(10);
+        let dispatched = tokio::time::timeout(wait, work.recv()).await;
+        let ferry_proto::bus::Work::Dispatch { invocation, .. } = dispatched
+            .expect("the call is handed to the workers")
+            .unwrap();
+        assert_eq!(invocation.id, "c1");
+    }
+
     /// Recovery re-arms every pending approval each time it runs (every
     /// minute on a cluster worker): one timer per call, not one per sweep.
     #[tokio::test]
