@@ -158,8 +158,14 @@ impl Outbox {
         self.unreadable.len()
     }
 
-    /// Forgets a relayed entry (made durable with the next group commit; a
-    /// crash before that relays it again, which `Nats-Msg-Id` dedupes).
+    /// Waits until every removal so far is on disk.
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.commit.flush().await.map_err(Error::Backend)
+    }
+
+    /// Forgets a relayed entry (durable after [`Outbox::flush`]; a crash
+    /// before that relays it again, which `Nats-Msg-Id` dedupes while in
+    /// its two-minute window).
     pub fn remove(&self, number: u64) -> Result<(), Error> {
         self.entries
             .remove(number.to_be_bytes())

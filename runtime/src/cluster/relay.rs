@@ -197,6 +197,12 @@ impl Relay {
                 }
             }
         }
+        // Forgotten for good before the next round: a node that crashed
+        // with removals only in memory, and restarted after the inbox's
+        // dedupe window, would relay (and apply) them again.
+        if let Err(e) = self.outbox.flush().await {
+            warn!(error = %e, "making the relayed entries' removal durable failed");
+        }
         all
     }
 }
