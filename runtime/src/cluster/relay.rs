@@ -222,8 +222,13 @@ impl Perform for Relay {
         self.check_size(bytes.len())?;
         let (answered, answer) = oneshot::channel();
         self.waiting.lock().expect("lock").insert(number, answered);
+        // However this ends (answered, timed out, refused, or dropped with
+        // its client's connection), the waiter goes.
+        let _unwait = Unwait {
+            waiting: &self.waiting,
+            number,
+        };
         if let Err(e) = self.outbox.append(number, bytes).await {
-            self.waiting.lock().expect("lock").remove(&number);
             return Err(unavailable(e));
         }
         self.wake.notify_one();
@@ -235,7 +240,6 @@ impl Perform for Relay {
                 body: refusal.body,
             }),
             _ => {
-                self.waiting.lock().expect("lock").remove(&number);
                 let id = match &entry.request {
                     Request::Submit { call } => call.id.clone(),
                     _ => None,
@@ -243,6 +247,18 @@ impl Perform for Relay {
                 Ok(Reply::Journaled { id })
             }
         }
+    }
+}
+
+/// Removes a request's waiter from the relay when dropped.
+struct Unwait<'a> {
+    waiting: &'a Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    number: u64,
+}
+
+impl Drop for Unwait<'_> {
+    fn drop(&mut self) {
+        self.waiting.lock().expect("lock").remove(&self.number);
     }
 }
 
