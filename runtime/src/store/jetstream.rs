@@ -22,11 +22,12 @@
 //! A commit written while a worker applies a relayed request ([`applying`])
 //! carries `Nats-Msg-Id` = the request's id and the ordinal of its command
 //! within the request ([`command_started`]; commands that wrote nothing
-//! count too, so a repeat numbers its commands as the first run did). A request applied twice (its worker died after the commit, before
-//! the ack) then finds its commit already stored and changes nothing,
-//! which matters for what state cannot dedupe: a `subscription_event` has
-//! no id of its own. The window is the stream's `duplicate_window`, two
-//! minutes, against JetStream's 10 s ack deadline.
+//! count too, so a repeat numbers its commands as the first run did). A
+//! request applied twice (its worker died after the commit, before the
+//! ack) then finds its commit already stored and changes nothing, which
+//! matters for what state cannot dedupe: a `subscription_event` has no id
+//! of its own. The window is the stream's `duplicate_window`, two minutes,
+//! against JetStream's 10 s ack deadline.
 
 use std::cell::Cell;
 use std::collections::HashMap;
