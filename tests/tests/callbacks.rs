@@ -43,6 +43,12 @@ fn result(g: &str, id: &str, text: &str) -> Value {
     json!({"type": "tool_result", "group_id": g, "id": id, "text": text})
 }
 
+/// A `user_choice` for call `a` of `g` whose answer goes to `response_url`.
+fn choice_to(response_url: &str) -> Value {
+    json!({"type": "user_choice", "group_id": "g", "id": "a", "prompt": "?",
+           "choices": ["x"], "default": 0, "response_url": response_url})
+}
+
 fn event(g: &str, id: &str, text: &str, last: bool) -> Value {
     json!({"type": "subscription_event", "group_id": g, "tool_call_id": id, "text": text, "final": last})
 }
@@ -181,16 +187,14 @@ async fn forged_mismatched_and_unknown_callbacks_record_nothing() {
         (
             "user_choice with a response_url no answer could reach",
             url_a.clone(),
-            json!({"type": "user_choice", "group_id": "g", "id": "a", "prompt": "?",
-                   "choices": ["x"], "default": 0, "response_url": "ftp://tool/answer"}),
+            choice_to("ftp://tool/answer"),
             400,
             "invalid_callback",
         ),
         (
             "user_choice with a response_url that is no URL",
             url_a.clone(),
-            json!({"type": "user_choice", "group_id": "g", "id": "a", "prompt": "?",
-                   "choices": ["x"], "default": 0, "response_url": "answer here"}),
+            choice_to("answer here"),
             400,
             "invalid_callback",
         ),

@@ -2,7 +2,6 @@
 //! state machine like everything else.
 
 use async_trait::async_trait;
-use ferry_proto::api::CallStatus;
 use ferry_worker::Outcomes;
 use tracing::warn;
 
@@ -13,9 +12,7 @@ use crate::thread::Command;
 impl Outcomes for Engine {
     async fn still_wanted(&self, group_id: &str, id: &str) -> bool {
         match self.store.call(group_id, id).await {
-            // A subscription event from the tool proves it has the call,
-            // even before its 200 reached us: sending again is pointless.
-            Ok(Some(call)) => call.status == CallStatus::Queued && call.subscription_events == 0,
+            Ok(Some(call)) => call.awaits_dispatch(),
             Ok(None) => false,
             // When in doubt, dispatch: the tool may see a call twice, the
             // agent never sees two results (invariant 4).

@@ -206,9 +206,9 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
         }
         Command::DispatchFailed { id, attempts, text } => {
             let call = existing(state, id)?;
-            // A subscription event proves the tool has the call: failing it
-            // would make up an outcome, and drop the tool's real result.
-            if call.status != CallStatus::Queued || call.subscription_events > 0 {
+            // Failing a call the tool already has would make up an outcome,
+            // and drop the tool's real result.
+            if !call.awaits_dispatch() {
                 return Ok(Decision::nothing(Outcome::Ignored));
             }
             Ok(Decision::applied(vec![

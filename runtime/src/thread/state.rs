@@ -109,6 +109,12 @@ impl CallRecord {
         }
     }
 
+    /// Whether the call still waits to reach its tool: queued, and no
+    /// subscription event from the tool proves it already has it.
+    pub fn awaits_dispatch(&self) -> bool {
+        self.status == CallStatus::Queued && self.subscription_events == 0
+    }
+
     /// Whether Ferry still owes the call something: it is open (queued,
     /// dispatched, waiting, subscribed, pending approval), or it holds a
     /// user's answer the tool has not taken yet.
