@@ -46,6 +46,8 @@ pub struct RuntimeOptions {
     /// How long a node waits for a worker's answer before it answers
     /// `202 journaled`.
     pub reply_wait: Duration,
+    pub oxp: ferry_runtime::oxp::OxpConfig,
+    pub mcp: ferry_runtime::mcp::McpConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -313,7 +315,15 @@ pub async fn start_runtime(
     )
     .await?;
     info!(backlog = relay.backlog(), node, "relay started");
-    let app = ferry_runtime::http::router_with(engine.clone(), metrics, relay.clone());
+    let app = ferry_runtime::http::router_with(engine.clone(), metrics, relay.clone()).merge(
+        crate::serve::protocol_fronts(
+            &engine,
+            relay.clone(),
+            &public_url,
+            &options.oxp,
+            &options.mcp,
+        ),
+    );
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(crate::serve::no_delay), app)
             .with_graceful_shutdown(shutdown)

@@ -76,6 +76,15 @@ struct Serve {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
     max_body_bytes: usize,
+    #[command(flatten)]
+    fronts: FrontArgs,
+    #[command(flatten)]
+    dispatch: DispatchArgs,
+}
+
+/// The MCP and OXP fronts, on `serve` and on cluster runtime nodes.
+#[derive(Args)]
+struct FrontArgs {
     /// OXP: HS256 secret for `Authorization: Bearer` JWTs (turns OXP auth on).
     #[arg(long, env = "FERRY_OXP_JWT_SECRET", hide_env_values = true)]
     oxp_jwt_secret: Option<String>,
@@ -107,8 +116,29 @@ struct Serve {
     /// Require `Authorization: Bearer <token>` on `/mcp`.
     #[arg(long, env = "FERRY_MCP_BEARER_TOKEN", hide_env_values = true)]
     mcp_bearer_token: Option<String>,
-    #[command(flatten)]
-    dispatch: DispatchArgs,
+}
+
+impl FrontArgs {
+    fn oxp(&self, max_body_bytes: usize) -> ferry_runtime::oxp::OxpConfig {
+        ferry_runtime::oxp::OxpConfig {
+            auth: ferry_runtime::oxp::AuthConfig {
+                jwt_secret: self.oxp_jwt_secret.clone(),
+                jwt_audience: self.oxp_jwt_audience.clone(),
+                api_key: self.oxp_api_key.clone(),
+            },
+            wait: Duration::from_secs(self.oxp_wait_secs),
+            max_body_bytes,
+        }
+    }
+
+    fn mcp(&self, max_body_bytes: usize) -> ferry_runtime::mcp::McpConfig {
+        ferry_runtime::mcp::McpConfig {
+            allowed_hosts: self.mcp_allowed_hosts.clone(),
+            allowed_origins: self.mcp_allowed_origins.clone(),
+            bearer_token: self.mcp_bearer_token.clone(),
+            max_body_bytes,
+        }
+    }
 }
 
 /// How calls are dispatched to tools.
@@ -199,6 +229,8 @@ struct Runtime {
     /// "journaled", in milliseconds.
     #[arg(long, default_value_t = 5_000, env = "FERRY_REPLY_WAIT_MS")]
     reply_wait_ms: u64,
+    #[command(flatten)]
+    fronts: FrontArgs,
 }
 
 #[derive(Args)]
@@ -268,21 +300,8 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
         dispatch: args.dispatch.config()?,
-        oxp: ferry_runtime::oxp::OxpConfig {
-            auth: ferry_runtime::oxp::AuthConfig {
-                jwt_secret: args.oxp_jwt_secret,
-                jwt_audience: args.oxp_jwt_audience,
-                api_key: args.oxp_api_key,
-            },
-            wait: Duration::from_secs(args.oxp_wait_secs),
-            max_body_bytes: args.max_body_bytes,
-        },
-        mcp: ferry_runtime::mcp::McpConfig {
-            allowed_hosts: args.mcp_allowed_hosts,
-            allowed_origins: args.mcp_allowed_origins,
-            bearer_token: args.mcp_bearer_token,
-            max_body_bytes: args.max_body_bytes,
-        },
+        oxp: args.fronts.oxp(args.max_body_bytes),
+        mcp: args.fronts.mcp(args.max_body_bytes),
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // One line on stdout for scripts and tests: where Ferry listens.
@@ -304,6 +323,8 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         tool_servers: args.tool_servers,
         max_body_bytes: args.max_body_bytes,
         reply_wait: Duration::from_millis(args.reply_wait_ms),
+        oxp: args.fronts.oxp(args.max_body_bytes),
+        mcp: args.fronts.mcp(args.max_body_bytes),
     };
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.

@@ -179,19 +179,14 @@ pub async fn start(
     let checks = engine.recover().await?;
     tokio::spawn(checks);
 
-    // The public URL's authority is how clients reach Ferry: `/mcp`
-    // accepts it as a Host.
-    let mut mcp = options.mcp.clone();
-    if let Some(authority) = public_url
-        .split("://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-    {
-        mcp.allowed_hosts.push(authority.to_owned());
-    }
-    let app = ferry_runtime::http::router(engine.clone(), metrics)
-        .merge(ferry_runtime::oxp::router(engine.clone(), &options.oxp))
-        .merge(ferry_runtime::mcp::router(engine.clone(), mcp));
+    let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
+    let app = ferry_runtime::http::router(engine.clone(), metrics).merge(protocol_fronts(
+        &engine,
+        perform,
+        &public_url,
+        &options.oxp,
+        &options.mcp,
+    ));
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(no_delay), app)
             .with_graceful_shutdown(shutdown)
@@ -219,4 +214,26 @@ pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
+}
+
+/// The MCP (`/mcp`) and OXP (`/oxp`) fronts, submitting through `perform`.
+/// The public URL's authority is how clients reach Ferry: `/mcp` accepts
+/// it as a `Host`.
+pub(crate) fn protocol_fronts(
+    engine: &Arc<Engine>,
+    perform: Arc<dyn ferry_runtime::http::Perform>,
+    public_url: &str,
+    oxp: &ferry_runtime::oxp::OxpConfig,
+    mcp: &ferry_runtime::mcp::McpConfig,
+) -> axum::Router {
+    let mut mcp = mcp.clone();
+    if let Some(authority) = public_url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+    {
+        mcp.allowed_hosts.push(authority.to_owned());
+    }
+    ferry_runtime::oxp::router(engine.clone(), perform.clone(), oxp)
+        .merge(ferry_runtime::mcp::router(engine.clone(), perform, mcp))
 }

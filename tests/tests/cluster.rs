@@ -873,3 +873,111 @@ async fn a_restarted_node_asks_tools_about_waiting_calls() {
     );
     assert_eq!(c.b.api().count("g", "c", "tool_result").await, 1);
 }
+
+/// One JSON-RPC request to `{node}/mcp`: the answer's status, session
+/// header and body.
+async fn mcp(
+    node: &str,
+    session: Option<&str>,
+    method: &str,
+    params: Value,
+) -> (u16, Option<String>, Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{node}/mcp"))
+        .header("accept", "application/json")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
+    if let Some(s) = session {
+        request = request.header("mcp-session-id", s);
+    }
+    let response = request.send().await.expect("POST /mcp");
+    let status = response.status().as_u16();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (
+        status,
+        session,
+        response.json().await.unwrap_or(Value::Null),
+    )
+}
+
+/// MCP and OXP on runtime nodes: a call made through either front on one
+/// node runs through the cluster (journal, relay, a worker) and its result,
+/// called back to the other node, is the front's answer; bad input gets
+/// each protocol's error and records nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_and_oxp_calls_run_through_any_runtime_node() {
+    let c = Cluster::start(1).await;
+    let answering = answer_everything(c.tool.clone(), vec![c.b.url.clone()]);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                      "clientInfo": {"name": "cluster-test", "version": "1"}});
+    let (status, session, body) = mcp(&c.a.url, None, "initialize", init).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+
+    let call = json!({"name": "op", "arguments": {}});
+    let (status, _, body) = mcp(&c.a.url, Some(&session), "tools/call", call).await;
+    assert_eq!(status, 200, "{body}");
+    let result = &body["result"];
+    assert_eq!(result["isError"], false, "{body}");
+    let (g, id) = (
+        result["_meta"]["io.ferry/group_id"].as_str().unwrap(),
+        result["_meta"]["io.ferry/id"].as_str().unwrap(),
+    );
+    // The tool's answer (its text is the call's id), read on the other node.
+    assert_eq!(result["content"][0]["text"], id, "{body}");
+    assert_eq!(c.b.api().count(g, id, "tool_result").await, 1);
+
+    let unknown = json!({"name": "nope", "arguments": {}});
+    let (_, _, body) = mcp(&c.a.url, Some(&session), "tools/call", unknown).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    let not_object = json!({"name": "op", "arguments": [1]});
+    let (_, _, body) = mcp(&c.a.url, Some(&session), "tools/call", not_object).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+
+    let oxp = |input: Value, call_id: &str| {
+        let body = json!({"request": {"tool_id": "t.op", "input": input, "call_id": call_id,
+                                      "context": {"user_id": "u1"}}});
+        let url = format!("{}/oxp/tools/call", c.b.url);
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = oxp(json!({}), "oxp-1").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("error").is_none(), "{body}");
+    let sent = c
+        .tool
+        .invocations()
+        .into_iter()
+        .find(|i| i.id == "oxp-1")
+        .unwrap();
+    assert_eq!(
+        c.a.api()
+            .count(&sent.group_id, "oxp-1", "tool_result")
+            .await,
+        1
+    );
+    // The same call_id with other input is refused by the worker, and the
+    // refusal reaches the OXP client as the front's own error.
+    let (status, body) = oxp(json!({"other": true}), "oxp-1").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["message"], "This call_id was already used for a different call",
+        "{body}"
+    );
+    assert_eq!(
+        c.a.api()
+            .count(&sent.group_id, "oxp-1", "call_accepted")
+            .await,
+        1
+    );
+    answering.abort();
+}

@@ -141,6 +141,8 @@ pub async fn deploy(
             },
             max_body_bytes: 1 << 20,
             reply_wait: Duration::from_secs(30),
+            oxp: Default::default(),
+            mcp: Default::default(),
         };
         let (running, server) = start_runtime(options, None, std::future::pending()).await?;
         bases.push(format!("http://{}", running.addr));

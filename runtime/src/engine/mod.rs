@@ -98,6 +98,10 @@ pub enum Error {
     Store(#[from] store::Error),
     #[error(transparent)]
     Bus(#[from] bus::Error),
+    /// Refused by the process that applied the request (a cluster worker),
+    /// as it came back over the wire: its status and message.
+    #[error("{}", .0.body.error.message)]
+    Refused(requests::Refusal),
 }
 
 /// Shards of the per-thread lock: commands of one thread run one at a time

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
-use crate::thread::{Answer, CallRecord};
+use crate::thread::{Answer, CallRecord, Rejection};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,6 +85,26 @@ pub enum Reply {
 pub struct Refusal {
     pub status: u16,
     pub body: ErrorBody,
+}
+
+impl Refusal {
+    /// The engine error a refusal stands for where the protocol fronts tell
+    /// it apart; any other keeps its status and message as
+    /// [`Error::Refused`]. `id` is the call the refused submission named.
+    pub fn into_submit_error(self, id: &str) -> Error {
+        let detail = &self.body.error;
+        match detail.code.as_str() {
+            "unknown_tool" => Error::UnknownTool(detail.message.clone()),
+            "ambiguous_tool" => Error::AmbiguousTool(detail.message.clone()),
+            "invalid_request" => Error::InvalidRequest(detail.message.clone()),
+            "invalid_arguments" => {
+                Error::InvalidArguments(detail.parameter_errors.clone().unwrap_or_default())
+            }
+            "conflict" => Error::Rejected(Rejection::Conflict(id.to_owned())),
+            "thread_closed" => Error::Rejected(Rejection::ThreadClosed),
+            _ => Error::Refused(self),
+        }
+    }
 }
 
 impl Request {

@@ -63,6 +63,8 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::Store(store::Error::Unavailable(_)) => (S::SERVICE_UNAVAILABLE, "unavailable"),
         Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
         Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
+        // Its own code is in its body (`From<Error> for ApiError`).
+        Error::Refused(_) => (S::BAD_GATEWAY, "refused"),
     }
 }
 
@@ -73,6 +75,13 @@ pub fn error_code(e: &Error) -> &'static str {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
+        if let Error::Refused(refused) = e {
+            return ApiError {
+                status: StatusCode::from_u16(refused.status)
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                body: refused.body,
+            };
+        }
         let (status, code) = classify(&e);
         if status.is_server_error() {
             tracing::error!(error = %e, "request failed");
@@ -82,5 +91,45 @@ impl From<Error> for ApiError {
             api.body.error.parameter_errors = Some(errors);
         }
         api
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::requests::Refusal;
+
+    /// What a front tells apart survives the wire: an engine error made an
+    /// HTTP refusal (as a cluster worker sends it back) and read again by
+    /// the MCP or OXP front is the same error.
+    #[test]
+    fn a_refusal_read_back_is_the_error_it_was() {
+        let errors = serde_json::Map::from_iter([("b".to_owned(), "must be a number".into())]);
+        let cases = [
+            Error::UnknownTool("no tool x".into()),
+            Error::AmbiguousTool("x is in A and B".into()),
+            Error::InvalidRequest("bad id".into()),
+            Error::InvalidArguments(errors),
+            Error::Rejected(Rejection::Conflict("c".into())),
+            Error::Rejected(Rejection::ThreadClosed),
+        ];
+        for error in cases {
+            let shown = format!("{error:?}");
+            let api = ApiError::from(error);
+            let refusal = Refusal {
+                status: api.status.as_u16(),
+                body: api.body,
+            };
+            assert_eq!(format!("{:?}", refusal.into_submit_error("c")), shown);
+        }
+        // Anything else keeps its status, code and message.
+        let api = ApiError::from(Error::Store(store::Error::Unavailable("NATS".into())));
+        let (status, body) = (api.status, api.body.clone());
+        let refusal = Refusal {
+            status: status.as_u16(),
+            body: api.body,
+        };
+        let back = ApiError::from(refusal.into_submit_error("c"));
+        assert_eq!((back.status, back.body), (status, body));
     }
 }

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
-use crate::engine::requests::{Reply, Request};
+use crate::engine::requests::{Refusal, Reply, Request};
 use crate::engine::Engine;
+use ferry_proto::api::SubmitCall;
 
 pub use error::{error_code, ApiError};
 
@@ -64,6 +65,34 @@ impl Perform for Local {
     async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
         let engine = self.0.clone();
         detached(async move { engine.perform(request).await }).await
+    }
+}
+
+/// Submits a call for a protocol front (MCP, OXP) the way the native API
+/// does, through `perform`: `ferry serve` runs it in this process, a
+/// cluster node journals it and relays it to a worker. Returns the call's
+/// id, also when the call is only journaled (it runs once relayed).
+/// Refusals come back as engine errors, so each front keeps one mapping.
+pub(crate) async fn submit_call(
+    perform: &dyn Perform,
+    mut call: SubmitCall,
+) -> Result<String, crate::engine::Error> {
+    let id = call
+        .id
+        .get_or_insert_with(crate::engine::calls::fresh_id)
+        .clone();
+    let refused = |e: ApiError| {
+        let refusal = Refusal {
+            status: e.status.as_u16(),
+            body: e.body,
+        };
+        refusal.into_submit_error(&id)
+    };
+    match perform.perform(Request::Submit { call }).await {
+        Ok(Reply::Submitted { reply, .. }) => Ok(reply.id),
+        Ok(Reply::Journaled { .. }) => Ok(id.clone()),
+        Ok(other) => Err(refused(unexpected(other))),
+        Err(e) => Err(refused(e)),
     }
 }
 

@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tracing::{info_span, Instrument};
 
 use crate::engine::Engine;
+use crate::http::Perform;
 use jsonrpc::{Incoming, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND};
 use session::{Context, Sessions, HANDSHAKE_VERSIONS, SESSION_HEADER};
 
@@ -59,14 +60,18 @@ impl Default for McpConfig {
 
 struct Mcp {
     engine: Arc<Engine>,
+    /// Where calls are submitted: this process's engine, or a cluster
+    /// node's relay.
+    perform: Arc<dyn Perform>,
     config: McpConfig,
     sessions: Sessions,
 }
 
 /// `POST`, `GET` and `DELETE /mcp`.
-pub fn router(engine: Arc<Engine>, config: McpConfig) -> Router {
+pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: McpConfig) -> Router {
     let mcp = Arc::new(Mcp {
         engine,
+        perform,
         config,
         sessions: Sessions::default(),
     });
@@ -340,7 +345,7 @@ async fn dispatch(
             }
             Ok(Some(tools))
         }
-        "tools/call" => call(engine, ctx, params, stream).await,
+        "tools/call" => call(mcp, ctx, params, stream).await,
         "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
         "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
         "tasks/list" if ctx.tasks() => tasks::list(engine, ctx, params).await.map(Some),
@@ -370,11 +375,12 @@ fn long_running(engine: &Engine, name: &str) -> Option<bool> {
 }
 
 async fn call(
-    engine: &Arc<Engine>,
+    mcp: &Mcp,
     ctx: &Context,
     params: &Map<String, Value>,
     stream: Option<&mpsc::Sender<Value>>,
 ) -> Result<Option<Value>, RpcError> {
+    let engine = &mcp.engine;
     let name = params
         .get("name")
         .and_then(Value::as_str)
@@ -408,7 +414,7 @@ async fn call(
         (false, None) => format!("mcp-{}", uuid::Uuid::new_v4().simple()),
         (true, None) => format!("{}{}", tasks::CALL_PREFIX, uuid::Uuid::new_v4().simple()),
     };
-    let accepted = match tools::submit(engine, ctx, name, params, id).await? {
+    let accepted = match tools::submit(&*mcp.perform, ctx, name, params, id).await? {
         tools::Submitted::Refused(result) => return Ok(Some(result)),
         tools::Submitted::Call(accepted) => accepted,
     };

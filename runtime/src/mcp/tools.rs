@@ -13,6 +13,7 @@ use tracing::{info, instrument};
 use super::jsonrpc::{self, RpcError};
 use super::session::Context;
 use crate::engine::{Engine, Error};
+use crate::http::Perform;
 use crate::thread::CallRecord;
 use crate::toolsets::{cancel_subscription_schema, CANCEL_SUBSCRIPTION};
 
@@ -191,7 +192,7 @@ pub enum Submitted {
 /// a client hanging up cannot cut the command between write and flush.
 #[instrument(skip_all, fields(group_id, call_id = %id, tool = %name))]
 pub async fn submit(
-    engine: &std::sync::Arc<Engine>,
+    perform: &dyn Perform,
     ctx: &Context,
     name: &str,
     params: &Map<String, Value>,
@@ -213,16 +214,12 @@ pub async fn submit(
         user_id: place.user_id,
         thread_ancestors: place.thread_ancestors,
     };
-    let engine = engine.clone();
-    let submitted = tokio::spawn(async move { engine.submit(request).await })
-        .await
-        .map_err(|e| RpcError::internal(format!("the call did not complete: {e}")))?;
-    match submitted {
-        Ok((_, reply)) => {
-            info!(status = ?reply.status, "MCP call accepted");
+    match crate::http::submit_call(perform, request).await {
+        Ok(id) => {
+            info!("MCP call accepted");
             Ok(Submitted::Call(Accepted {
-                group_id: reply.group_id,
-                id: reply.id,
+                group_id: place.group_id,
+                id,
             }))
         }
         Err(Error::UnknownTool(m) | Error::AmbiguousTool(m)) => Err(RpcError::invalid_params(

@@ -145,12 +145,10 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
         submit.group_id.clone(),
         submit.id.clone().unwrap_or_default(),
     );
-    let engine = oxp.engine.clone();
-    // Spawned like the native API's commands: a client that goes away
-    // cannot cut the submission between its write and its flush.
-    tokio::spawn(async move { engine.submit(submit).await })
+    // Like a native submission (run detached from the client's
+    // connection, or journaled by a cluster node).
+    crate::http::submit_call(&*oxp.perform, submit)
         .await
-        .map_err(|e| bad("The server could not take the call", e.to_string()))?
         .map_err(submit_error)?;
     let call = oxp
         .engine
@@ -180,6 +178,9 @@ fn submit_error(e: Error) -> OxpError {
             bad("The thread of this user is closed", e.to_string())
         }
         Error::Store(_) | Error::Bus(_) => {
+            bad("The tool server is temporarily unavailable", e.to_string())
+        }
+        Error::Refused(ref r) if r.status >= 500 => {
             bad("The tool server is temporarily unavailable", e.to_string())
         }
         other => bad("The call could not be made", other.to_string()),

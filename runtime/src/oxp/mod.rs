@@ -17,6 +17,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::engine::Engine;
+use crate::http::Perform;
 
 pub use auth::AuthConfig;
 pub use call::thread_of;
@@ -46,15 +47,19 @@ impl Default for OxpConfig {
 /// The OXP handlers' shared state.
 pub struct Oxp {
     engine: Arc<Engine>,
+    /// Where calls are submitted: this process's engine, or a cluster
+    /// node's relay.
+    perform: Arc<dyn Perform>,
     auth: auth::Auth,
     wait: Duration,
     max_body_bytes: usize,
 }
 
 /// The `/oxp` routes, to merge beside the native API.
-pub fn router(engine: Arc<Engine>, config: &OxpConfig) -> Router {
+pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: &OxpConfig) -> Router {
     let state = Arc::new(Oxp {
         engine,
+        perform,
         auth: auth::Auth::new(&config.auth),
         wait: config.wait,
         max_body_bytes: config.max_body_bytes,
