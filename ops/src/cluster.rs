@@ -196,7 +196,6 @@ const ATTACH_WAIT: Duration = Duration::from_secs(10);
 /// Gives a runtime node its JetStream store once NATS answers, then its
 /// toolsets (kept in the outbox for the next start) and the tool servers it
 /// was told to register; each step is retried for as long as it takes.
-/// Then asks tool servers about the calls waiting on them.
 async fn attach(
     options: RuntimeOptions,
     client: async_nats::Client,
@@ -233,18 +232,6 @@ async fn attach(
         }
     }
     info!("attached to NATS");
-    // `rap-3`: on recovery after a runtime restart, ask the tool servers
-    // about the calls still waiting on them.
-    // In a task of its own: listing every open call must not hold up
-    // serving.
-    tokio::spawn(async move {
-        match engine.check_waiting_calls().await {
-            Ok(asking) => {
-                asking.await;
-            }
-            Err(e) => warn!(error = %e, "could not list the calls waiting on tool servers"),
-        }
-    });
 }
 
 /// Starts a runtime node; it serves until `shutdown` resolves.

@@ -151,17 +151,6 @@ impl TestTool {
             .expect("tool stopped")
     }
 
-    /// Waits for the `/tool_call_status` question about the call `id`,
-    /// passing over other notices.
-    pub async fn asked_about(&self, id: &str) {
-        loop {
-            let (kind, body) = self.next_notice().await;
-            if kind == "tool_call_status" && body["tool_call_id"] == id {
-                return;
-            }
-        }
-    }
-
     /// Every invocation received so far.
     pub fn invocations(&self) -> Vec<Invocation> {
         self.shared.all.lock().unwrap().clone()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ferry_tests::api::seg;
 use ferry_tests::sse::SseReader;
-use ferry_tests::{eventually, Api, Ferry, FerryOptions, FerryWorker, Liveness, Nats, TestTool};
+use ferry_tests::{eventually, Api, Ferry, FerryOptions, FerryWorker, Nats, TestTool};
 use futures::future::join_all;
 use serde_json::{json, Value};
 
@@ -846,34 +846,6 @@ async fn a_toolset_deleted_on_one_node_leaves_every_node() {
         "{body}"
     );
 }
-
-/// `rap-3`: "Used on recovery after a runtime restart: for each pending
-/// call and active subscription, `alive: false` […] means the call is lost
-/// → inject a failed result". A restarted runtime node asks; a call its
-/// tool still processes keeps waiting, one the tool lost fails.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_restarted_node_asks_tools_about_waiting_calls() {
-    let mut c = Cluster::start(1).await;
-    let a = c.a.api();
-    c.dispatched(&a, "g", "c").await;
-
-    c.a.restart().await;
-    c.tool.asked_about("c").await;
-    let (_, call) = c.a.api().call("g", "c").await;
-    assert_eq!(call["status"], "dispatched", "{call}");
-
-    c.tool.set_liveness(Liveness::Alive(false));
-    c.a.restart().await;
-    c.tool.asked_about("c").await;
-    let result = c.b.api().wait_for("g", "c", "tool_result").await;
-    assert_eq!(result["payload"]["is_error"], true, "{result}");
-    assert_eq!(
-        result["payload"]["text"],
-        "Error: the tool server is no longer processing this call"
-    );
-    assert_eq!(c.b.api().count("g", "c", "tool_result").await, 1);
-}
-
 /// One JSON-RPC request to `{node}/mcp`: the answer's status, session
 /// header and body.
 async fn mcp(

@@ -18,6 +18,16 @@ fn result(g: &str, id: &str, text: &str) -> Value {
     json!({"type": "tool_result", "group_id": g, "id": id, "text": text})
 }
 
+/// Waits for the `/tool_call_status` question about `id`.
+async fn asked_about(tool: &TestTool, id: &str) {
+    loop {
+        let (kind, body) = tool.next_notice().await;
+        if kind == "tool_call_status" && body["tool_call_id"] == id {
+            return;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_result_sent_after_kill_9_and_restart_lands_once() {
     let tool = TestTool::start("t", &["op"]).await;
@@ -30,7 +40,7 @@ async fn a_result_sent_after_kill_9_and_restart_lands_once() {
     let before = api.events("g", 0).await;
 
     ferry.restart().await;
-    tool.asked_about("c").await;
+    asked_about(&tool, "c").await;
     let api: Api = ferry.api();
     assert_eq!(
         api.events("g", 0).await,
@@ -179,7 +189,7 @@ async fn recovery_prunes_calls_the_tool_server_lost_and_keeps_the_unknown() {
     assert_eq!(api.thread("g").await.1["active_subscriptions"], json!([]));
     // A 5xx means unknown: never prune on unknown. The call still takes its
     // real result.
-    unsure.asked_about("kept").await;
+    asked_about(&unsure, "kept").await;
     let (status, body) = api.post(&kept_url, &result("g", "kept", "finally")).await;
     assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
 }

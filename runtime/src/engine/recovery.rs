@@ -10,20 +10,10 @@ use futures::StreamExt;
 use tracing::{info, warn};
 
 use super::{Engine, Error};
-use crate::thread::{CallRecord, Command};
+use crate::thread::Command;
 
 /// How many `/tool_call_status` questions are in flight at once.
 const STATUS_CONCURRENCY: usize = 16;
-
-/// The tool server a call waits on: an open call a server was given
-/// (queued calls and pending approvals wait on Ferry, not on a tool).
-fn waits_on(call: &CallRecord) -> Option<String> {
-    match call.status {
-        CallStatus::Queued | CallStatus::PendingApproval => None,
-        status if status.is_open() => call.target.as_ref().map(|t| t.base_url.clone()),
-        _ => None,
-    }
-}
 
 /// What recovery found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -57,14 +47,15 @@ impl Engine {
                 }
                 // The deadline is stored with the call: re-arm it.
                 CallStatus::PendingApproval => self.arm(&group_id, &call),
-                status => {
+                status if status.is_open() => {
                     if status == CallStatus::Subscribed {
                         subscribed += 1;
                     }
-                    if let Some(server) = waits_on(&call) {
-                        waiting.push((group_id, id, server));
+                    if let Some(target) = call.target {
+                        waiting.push((group_id, id, target.base_url));
                     }
                 }
+                _ => {}
             }
         }
         ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).set(subscribed as f64);
@@ -73,54 +64,8 @@ impl Engine {
             waiting = waiting.len(),
             "recovery: queued calls re-enqueued"
         );
-        let asking = self.ask_tool_servers(waiting);
-        Ok(async move {
-            let (checked, pruned) = asking.await;
-            Recovered {
-                requeued,
-                checked,
-                pruned,
-            }
-        })
-    }
-
-    /// A cluster runtime node's recovery once it attached to NATS: asks
-    /// tool servers about every call the cluster waits on them for, so a
-    /// callback a tool gave up on while every node was down does not leave
-    /// its call waiting for ever. Queued calls need nothing here (their
-    /// work waits in JetStream), nor pending approvals (workers re-arm
-    /// them). Nodes that start together ask twice; a second `Lost` for one
-    /// call records nothing.
-    pub async fn check_waiting_calls(
-        self: &Arc<Self>,
-    ) -> Result<impl std::future::Future<Output = Recovered> + Send + 'static, Error> {
-        let mut waiting = vec![];
-        for (group_id, id) in self.store.open_calls().await? {
-            let call = self.store.call(&group_id, &id).await?;
-            if let Some(server) = call.as_ref().and_then(waits_on) {
-                waiting.push((group_id, id, server));
-            }
-        }
-        let asking = self.ask_tool_servers(waiting);
-        Ok(async move {
-            let (checked, pruned) = asking.await;
-            Recovered {
-                requeued: 0,
-                checked,
-                pruned,
-            }
-        })
-    }
-
-    /// Asks each call's tool server whether it still processes the call, a
-    /// few at once, and records the calls they lost. Returns how many were
-    /// asked about and how many were pruned.
-    fn ask_tool_servers(
-        self: &Arc<Self>,
-        waiting: Vec<(String, String, String)>,
-    ) -> impl std::future::Future<Output = (usize, usize)> + Send + 'static {
         let engine = self.clone();
-        async move {
+        Ok(async move {
             let checked = waiting.len();
             let pruned = futures::stream::iter(waiting)
                 .map(|(group_id, id, server)| {
@@ -135,8 +80,12 @@ impl Engine {
                 checked,
                 pruned, "recovery: tool servers asked about waiting calls"
             );
-            (checked, pruned)
-        }
+            Recovered {
+                requeued,
+                checked,
+                pruned,
+            }
+        })
     }
 
     /// The cluster's recovery sweep, run by every worker at start and then
