@@ -854,7 +854,10 @@ async fn mcp(
     method: &str,
     params: Value,
 ) -> (u16, Option<String>, Value) {
-    let mut request = reqwest::Client::new()
+    let mut request = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
         .post(format!("{node}/mcp"))
         .header("accept", "application/json")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
@@ -913,7 +916,10 @@ async fn mcp_and_oxp_calls_run_through_any_runtime_node() {
                                       "context": {"user_id": "u1"}}});
         let url = format!("{}/oxp/tools/call", c.b.url);
         async move {
-            let r = reqwest::Client::new()
+            let r = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap()
                 .post(url)
                 .json(&body)
                 .send()
@@ -950,6 +956,58 @@ async fn mcp_and_oxp_calls_run_through_any_runtime_node() {
             .count(&sent.group_id, "oxp-1", "call_accepted")
             .await,
         1
+    );
+    answering.abort();
+}
+
+/// A call a node only journaled (no worker answered within its reply
+/// wait) is not in the log yet; MCP and OXP answer it once a worker
+/// applied it and the tool answered, rather than failing to read it.
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_and_oxp_calls_journaled_before_any_worker_runs_are_answered() {
+    let nats = Nats::start().await;
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    };
+    options
+        .args
+        .extend(["--reply-wait-ms".to_owned(), "1".to_owned()]);
+    let a = Ferry::start(options).await;
+    let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                      "clientInfo": {"name": "cluster-test", "version": "1"}});
+    let (_, session, body) = mcp(&a.url, None, "initialize", init).await;
+    let session = session.unwrap_or_else(|| panic!("no session: {body}"));
+
+    let call = json!({"name": "op", "arguments": {}});
+    let oxp = json!({"request": {"tool_id": "t.op", "input": {}, "call_id": "oxp-j"}});
+    let oxp_call = async {
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let r = client
+            .post(format!("{}/oxp/tools/call", a.url))
+            .json(&oxp)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    // The worker starts only after both calls were sent and journaled.
+    let nats_url = nats.url();
+    let ((status, _, mcp_body), (oxp_status, oxp_body), _worker) = tokio::join!(
+        mcp(&a.url, Some(&session), "tools/call", call),
+        oxp_call,
+        FerryWorker::start(&nats_url, &a.url),
+    );
+    assert_eq!(status, 200, "{mcp_body}");
+    assert_eq!(mcp_body["result"]["isError"], false, "{mcp_body}");
+    let id = mcp_body["result"]["_meta"]["io.ferry/id"].as_str().unwrap();
+    assert_eq!(mcp_body["result"]["content"][0]["text"], id, "{mcp_body}");
+    assert_eq!(
+        (oxp_status, &oxp_body["result"]["success"]),
+        (200, &json!(true)),
+        "{oxp_body}"
     );
     answering.abort();
 }

@@ -115,6 +115,31 @@ impl Engine {
         }
     }
 
+    /// Waits up to `wait` for a call to be in the thread's log: one a
+    /// cluster node journaled is there once a worker applied it. Returns
+    /// whether it is.
+    pub async fn wait_until_recorded(
+        &self,
+        group_id: &str,
+        id: &str,
+        wait: Duration,
+    ) -> Result<bool, Error> {
+        let mut tip = self.watch(group_id)?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            tip.borrow_and_update();
+            match self.call(group_id, id).await {
+                Ok(_) => return Ok(true),
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+            match tokio::time::timeout_at(deadline, tip.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Ok(false),
+            }
+        }
+    }
+
     /// A receiver of the thread's last durable sequence number, for streams.
     pub fn watch(&self, group_id: &str) -> Result<crate::store::Watch, Error> {
         self.check_id("group_id", group_id)?;

@@ -68,15 +68,22 @@ impl Perform for Local {
     }
 }
 
+/// A submission a protocol front made: its call's id, and whether a
+/// cluster node only journaled it (no worker answered within the node's
+/// reply wait, or NATS is down), so it is not in the thread's log yet.
+pub(crate) struct Taken {
+    pub id: String,
+    pub journaled: bool,
+}
+
 /// Submits a call for a protocol front (MCP, OXP) the way the native API
 /// does, through `perform`: `ferry serve` runs it in this process, a
-/// cluster node journals it and relays it to a worker. Returns the call's
-/// id, also when the call is only journaled (it runs once relayed).
-/// Refusals come back as engine errors, so each front keeps one mapping.
+/// cluster node journals it and relays it to a worker. Refusals come back
+/// as engine errors, so each front keeps one mapping.
 pub(crate) async fn submit_call(
     perform: &dyn Perform,
     mut call: SubmitCall,
-) -> Result<String, crate::engine::Error> {
+) -> Result<Taken, crate::engine::Error> {
     let id = call
         .id
         .get_or_insert_with(crate::engine::calls::fresh_id)
@@ -89,8 +96,14 @@ pub(crate) async fn submit_call(
         refusal.into_submit_error(&id)
     };
     match perform.perform(Request::Submit { call }).await {
-        Ok(Reply::Submitted { reply, .. }) => Ok(reply.id),
-        Ok(Reply::Journaled { .. }) => Ok(id.clone()),
+        Ok(Reply::Submitted { reply, .. }) => Ok(Taken {
+            id: reply.id,
+            journaled: false,
+        }),
+        Ok(Reply::Journaled { .. }) => Ok(Taken {
+            id: id.clone(),
+            journaled: true,
+        }),
         Ok(other) => Err(refused(unexpected(other))),
         Err(e) => Err(refused(e)),
     }

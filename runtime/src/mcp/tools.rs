@@ -188,10 +188,16 @@ pub enum Submitted {
     Refused(Value),
 }
 
-/// Submits the call through `Engine::submit`, in a task of its own so that
-/// a client hanging up cannot cut the command between write and flush.
+/// How long a call a cluster node only journaled may take to reach the
+/// thread's log before the client is told to ask again.
+const JOURNALED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Submits the call like `POST /v1/calls` (`http::submit_call`: detached
+/// from the client's connection in `ferry serve`, journaled first on a
+/// cluster node), and waits for a journaled one to reach the log.
 #[instrument(skip_all, fields(group_id, call_id = %id, tool = %name))]
 pub async fn submit(
+    engine: &Engine,
     perform: &dyn Perform,
     ctx: &Context,
     name: &str,
@@ -215,7 +221,19 @@ pub async fn submit(
         thread_ancestors: place.thread_ancestors,
     };
     match crate::http::submit_call(perform, request).await {
-        Ok(id) => {
+        Ok(taken) => {
+            let id = taken.id;
+            if taken.journaled {
+                let recorded = engine
+                    .wait_until_recorded(&place.group_id, &id, JOURNALED_WAIT)
+                    .await
+                    .map_err(|e| RpcError::internal(e.to_string()))?;
+                if !recorded {
+                    return Err(RpcError::internal(format!(
+                        "the call is journaled as {id:?} but was not applied within                          {JOURNALED_WAIT:?}; it runs once it is: call again with                          _meta.io.ferry/id = {id:?} for its result"
+                    )));
+                }
+            }
             info!("MCP call accepted");
             Ok(Submitted::Call(Accepted {
                 group_id: place.group_id,

@@ -147,12 +147,29 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
     );
     // Like a native submission (run detached from the client's
     // connection, or journaled by a cluster node).
-    crate::http::submit_call(&*oxp.perform, submit)
+    let deadline = tokio::time::Instant::now() + oxp.wait;
+    let taken = crate::http::submit_call(&*oxp.perform, submit)
         .await
         .map_err(submit_error)?;
+    if taken.journaled {
+        let recorded = oxp
+            .engine
+            .wait_until_recorded(&group_id, &id, oxp.wait)
+            .await
+            .map_err(|e| bad("The server could not read the call", e.to_string()))?;
+        if !recorded {
+            info!("OXP call journaled, not yet applied");
+            return Ok(still_running(
+                &id,
+                0,
+                "the call is journaled; no worker applied it yet",
+            ));
+        }
+    }
+    let rest = deadline.saturating_duration_since(tokio::time::Instant::now());
     let call = oxp
         .engine
-        .wait_for_call(&group_id, &id, oxp.wait, |c| !waiting(c.status))
+        .wait_for_call(&group_id, &id, rest, |c| !waiting(c.status))
         .await
         .map_err(|e| bad("The server could not read the call", e.to_string()))?;
     info!(status = ?call.status, "OXP call answered");
@@ -272,11 +289,13 @@ fn result_of(call: &CallRecord) -> Value {
             "gated tool: decide it in /ui, POST /v1/approvals/{group_id}/{id}, or over ACP",
             true,
         )),
-        CallStatus::Queued | CallStatus::Dispatched => Err(error(
-            "The call is still running; retry with the same call_id for its result".into(),
-            "the wait for the result ended first",
-            true,
-        )),
+        CallStatus::Queued | CallStatus::Dispatched => {
+            return still_running(
+                &call.id,
+                duration_ms(call),
+                "the wait for the result ended first",
+            )
+        }
     };
     match outcome {
         Ok(value) => {
@@ -289,6 +308,16 @@ fn result_of(call: &CallRecord) -> Value {
         }
     }
     result
+}
+
+/// The answer for a call the wait ended before: retry with its `call_id`.
+fn still_running(id: &str, duration: u64, developer: &str) -> Value {
+    json!({"call_id": id, "duration": duration, "success": false, "error": {
+        "message": "The call is still running; retry with the same call_id for its result",
+        "developer_message": developer,
+        "can_retry": true,
+        "retry_after_ms": RETRY_AFTER_MS,
+    }})
 }
 
 /// The result's text; an object `{text, content?, display_as?}` when the
