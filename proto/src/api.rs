@@ -140,6 +140,11 @@ pub enum EventKind {
     /// The tool acknowledged the invocation with HTTP 200.
     CallDispatched {
         attempts: u32,
+        /// The acknowledgement came after the call's result (the tool
+        /// called back before answering a retried attempt): it only
+        /// corrects `attempts`, the call does not run again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        after_result: bool,
     },
     /// The call's outcome. `origin` is `tool` for a result the tool sent and
     /// `ferry` for a failure Ferry recorded (dispatch failed, call lost).

@@ -24,6 +24,8 @@ pub enum Ack {
     RetryAfter(u16, u64),
     /// Never answer (until the connection is dropped).
     Hang,
+    /// Answer 200 once the test calls [`TestTool::release`].
+    Held,
 }
 
 /// How the tool answers `/tool_call_status`.
@@ -48,6 +50,7 @@ struct Shared {
     invoked: mpsc::UnboundedSender<Invoked>,
     notices: mpsc::UnboundedSender<(String, Value)>,
     all: Mutex<Vec<Invocation>>,
+    release: tokio::sync::Notify,
 }
 
 pub struct TestTool {
@@ -91,6 +94,7 @@ impl TestTool {
             invoked: invoked_tx,
             notices: notices_tx,
             all: Mutex::new(vec![]),
+            release: tokio::sync::Notify::new(),
         });
         let app = Router::new()
             .route("/.well-known/rap-toolset", get(manifest_route))
@@ -151,6 +155,12 @@ impl TestTool {
             .expect("tool stopped")
     }
 
+    /// Lets an invocation held by [`Ack::Held`] answer 200 (the next one,
+    /// if none is held yet).
+    pub fn release(&self) {
+        self.shared.release.notify_one();
+    }
+
     /// Every invocation received so far.
     pub fn invocations(&self) -> Vec<Invocation> {
         self.shared.all.lock().unwrap().clone()
@@ -190,6 +200,10 @@ async fn invoke(State(s): State<Arc<Shared>>, Json(invocation): Json<Invocation>
         Ack::Hang => {
             std::future::pending::<()>().await;
             unreachable!()
+        }
+        Ack::Held => {
+            s.release.notified().await;
+            StatusCode::OK.into_response()
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_tests::Ferry;
+use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -404,4 +404,46 @@ async fn an_oxp_call_to_a_gated_tool_waits_for_the_acp_clients_approval() {
         "{out}"
     );
     acp.until(is_final_update("oxp-drop")).await;
+}
+
+/// A tool that calls back before it answers a retried attempt: the late
+/// acknowledgement (`call_dispatched` after `tool_result`) sends no ACP
+/// message, so a finished call never shows `in_progress` again.
+#[tokio::test]
+async fn a_late_acknowledgement_does_not_reopen_a_finished_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Status(500), Ack::Held]);
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    submit(&ferry, "g-late", "c", "op", json!({})).await;
+    tool.next_invocation().await;
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let result = json!({"type": "tool_result", "group_id": "g-late", "id": "c", "text": "done"});
+    let (status, body) = api.post(&url, &result).await;
+    assert_eq!(status, 200, "{body}");
+    tool.release();
+    let late = api.wait_for("g-late", "c", "call_dispatched").await;
+    assert_eq!(
+        late["payload"],
+        json!({"attempts": 2, "after_result": true})
+    );
+
+    // A later call in the thread: every message about `c` comes before it.
+    submit(&ferry, "g-late", "d", "op", json!({})).await;
+    let mut acp = Acp::open(&ferry, "g-late", None).await;
+    let seen = acp.until(|m| update(m)["toolCallId"] == "d").await;
+    let of_c: Vec<&Value> = seen
+        .iter()
+        .map(|(_, m)| update(m))
+        .filter(|u| u["toolCallId"] == "c")
+        .collect();
+    assert_eq!(of_c.last().unwrap()["status"], "completed", "{of_c:?}");
+    assert!(
+        of_c.iter().all(|u| u["status"] != "in_progress"),
+        "{of_c:?}"
+    );
 }

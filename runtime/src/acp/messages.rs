@@ -53,6 +53,11 @@ pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>)
                 "options": PermissionKind::ALL.iter().map(|k| k.option()).collect::<Vec<_>>(),
             },
         })),
+        // A late acknowledgement must not turn a finished call back to
+        // `in_progress`.
+        EventKind::CallDispatched {
+            after_result: true, ..
+        } => None,
         EventKind::CallDispatched { .. } => update(status("in_progress")),
         EventKind::ToolResult {
             text,

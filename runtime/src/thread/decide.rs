@@ -200,6 +200,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                     id,
                     EventKind::CallDispatched {
                         attempts: *attempts,
+                        after_result: call.result.is_some(),
                     },
                 )]),
             })
@@ -216,6 +217,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                     id,
                     EventKind::CallDispatched {
                         attempts: *attempts,
+                        after_result: false,
                     },
                 ),
                 failure(id, text),

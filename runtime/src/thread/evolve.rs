@@ -80,7 +80,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
             };
             call.updated_at = event.at.clone();
             let status = match kind {
-                EventKind::CallDispatched { attempts } => {
+                EventKind::CallDispatched { attempts, .. } => {
                     call.attempts = *attempts;
                     match call.status {
                         CallStatus::Queued => CallStatus::Dispatched,

@@ -258,6 +258,35 @@ fn duplicate_results_record_one_outcome() {
     ]);
 }
 
+/// A late acknowledgement says so, so that views of the call's progress
+/// (ACP) do not show a finished call running again; an ordinary one does
+/// not.
+#[test]
+fn an_acknowledgement_after_the_result_is_marked_late() {
+    let dispatched = |state: &ThreadState, attempts| {
+        let ack = Command::DispatchAcked {
+            id: "c".into(),
+            attempts,
+        };
+        let changes = decide(state, &ack).unwrap().changes;
+        match &changes[..] {
+            [Change {
+                kind: EventKind::CallDispatched { after_result, .. },
+                ..
+            }] => *after_result,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut state = check(vec![(
+        Command::Submit(new_call("c", json!({}))),
+        Ok(&["call_accepted"]),
+    )]);
+    assert!(!dispatched(&state, 1));
+    let result = decide(&state, &result("c", "done", false)).unwrap();
+    apply(&mut state, "t", result.changes);
+    assert!(dispatched(&state, 2));
+}
+
 #[test]
 fn results_for_unknown_calls_are_refused() {
     check(vec![(
