@@ -375,6 +375,40 @@ async fn cancelling_a_pending_call_ignores_its_late_result() {
     assert_eq!(api.delete("/v1/threads/g/calls/nope").await.0, 404);
 }
 
+/// Every commit of a thread carries its views, so their bytes are bounded
+/// too: a `view_update` that would take the thread past the bound is
+/// refused (413, nothing recorded); replacing a view counts its new
+/// content only.
+#[tokio::test]
+async fn a_threads_views_are_bounded_in_bytes() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "c").await;
+    let limit = ferry_runtime::thread::MAX_VIEW_BYTES;
+    let view = |view_type: &str, bytes: usize| {
+        json!({"type": "view_update", "group_id": "g", "view_type": view_type,
+               "content": "x".repeat(bytes)})
+    };
+    assert_eq!(api.post(&url, &view("big", limit * 3 / 4)).await.0, 200);
+    let before = api.thread("g").await.1["last_seq"].clone();
+    let (status, body) = api.post(&url, &view("more", limit / 2)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("views_too_large")),
+        "{body}"
+    );
+    assert_eq!(api.thread("g").await.1["last_seq"], before);
+    // Growing the one view up to the bound is fine, past it is not.
+    assert_eq!(api.post(&url, &view("big", limit - 2)).await.0, 200);
+    assert_eq!(api.post(&url, &view("big", limit - 1)).await.0, 413);
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(
+        thread["views"]["big"].as_str().map(str::len),
+        Some(limit - 2)
+    );
+    assert!(thread["views"].get("more").is_none(), "{thread}");
+}
+
 #[tokio::test]
 async fn oauth_user_choice_and_view_update_are_recorded() {
     let s = Setup::new().await;

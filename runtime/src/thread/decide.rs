@@ -5,7 +5,9 @@ use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::Callback;
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, ThreadState};
-use super::{LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS};
+use super::{
+    LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS, MAX_VIEW_BYTES,
+};
 
 /// Something asked of a thread.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +180,10 @@ pub enum Rejection {
     BadChoice(String),
     #[error("the thread already holds {MAX_VIEWS} views; {0:?} would be one more")]
     TooManyViews(String),
+    #[error(
+        "the thread's views would hold {bytes} bytes with {view_type:?}; at most {MAX_VIEW_BYTES}"
+    )]
+    ViewsTooLarge { view_type: String, bytes: usize },
 }
 
 /// Decides what `command` does to `state`. Pure.
@@ -497,6 +503,21 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
         }
         if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
             return Err(Rejection::TooManyViews(v.view_type.clone()));
+        }
+        let size = |content: &serde_json::Value| content.to_string().len();
+        let bytes = state
+            .meta
+            .views
+            .iter()
+            .filter(|(view_type, _)| **view_type != v.view_type)
+            .map(|(_, content)| size(content))
+            .sum::<usize>()
+            + size(&v.content);
+        if bytes > MAX_VIEW_BYTES {
+            return Err(Rejection::ViewsTooLarge {
+                view_type: v.view_type.clone(),
+                bytes,
+            });
         }
         return Ok(Decision::applied(vec![Change {
             id: None,
