@@ -398,15 +398,18 @@ async fn a_threads_views_are_bounded_in_bytes() {
         "{body}"
     );
     assert_eq!(api.thread("g").await.1["last_seq"], before);
-    // Growing the one view up to the bound is fine, past it is not.
-    assert_eq!(api.post(&url, &view("big", limit - 2)).await.0, 200);
-    assert_eq!(api.post(&url, &view("big", limit - 1)).await.0, 413);
+    // Growing the one view up to the bound (its name and its content as
+    // JSON, with quotes) is fine, past it is not.
+    let fits = limit - "big".len() - 2;
+    assert_eq!(api.post(&url, &view("big", fits)).await.0, 200);
+    assert_eq!(api.post(&url, &view("big", fits + 1)).await.0, 413);
     let (_, thread) = api.thread("g").await;
-    assert_eq!(
-        thread["views"]["big"].as_str().map(str::len),
-        Some(limit - 2)
-    );
+    assert_eq!(thread["views"]["big"].as_str().map(str::len), Some(fits));
     assert!(thread["views"].get("more").is_none(), "{thread}");
+    // The name counts: a tiny view under a name past the bound is refused.
+    let named = json!({"type": "view_update", "group_id": "g",
+                       "view_type": "n".repeat(limit), "content": 1});
+    assert_eq!(api.post(&url, &named).await.0, 413);
 }
 
 #[tokio::test]

@@ -504,16 +504,26 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
         if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
             return Err(Rejection::TooManyViews(v.view_type.clone()));
         }
-        let size = |content: &serde_json::Value| content.to_string().len();
-        let bytes = state
+        // A view's name counts too; an update that does not grow the views
+        // is taken even past the bound (a thread an older build let grow).
+        let size = |view_type: &str, content: &serde_json::Value| {
+            view_type.len() + content.to_string().len()
+        };
+        let others: usize = state
             .meta
             .views
             .iter()
             .filter(|(view_type, _)| **view_type != v.view_type)
-            .map(|(_, content)| size(content))
-            .sum::<usize>()
-            + size(&v.content);
-        if bytes > MAX_VIEW_BYTES {
+            .map(|(view_type, content)| size(view_type, content))
+            .sum();
+        let before = others
+            + state
+                .meta
+                .views
+                .get(&v.view_type)
+                .map_or(0, |content| size(&v.view_type, content));
+        let bytes = others + size(&v.view_type, &v.content);
+        if bytes > MAX_VIEW_BYTES && bytes > before {
             return Err(Rejection::ViewsTooLarge {
                 view_type: v.view_type.clone(),
                 bytes,

@@ -36,10 +36,10 @@ pub const MAX_ACTIVE_SUBSCRIPTIONS: usize = 64;
 /// thread heavier with each one.
 pub const MAX_VIEWS: usize = 32;
 
-/// The bytes (as JSON) one thread's views may hold together, for the same
-/// reason: every later commit of the thread carries them. A cluster commit
-/// must also fit NATS's `max_payload` (1 MiB by default) beside the
-/// request it records.
+/// The bytes (names, and contents as JSON) one thread's views may hold
+/// together, for the same reason: every later commit of the thread carries
+/// them. A cluster commit must also fit NATS's `max_payload` (1 MiB by
+/// default) beside the request it records.
 pub const MAX_VIEW_BYTES: usize = 128 * 1024;
 
 #[cfg(test)]

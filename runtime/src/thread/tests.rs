@@ -559,6 +559,33 @@ fn oauth_waits_then_the_result_completes() {
     assert_eq!(state.calls["c"].auth_url.as_deref(), Some("https://auth"));
 }
 
+/// A thread already past the views' byte bound (an older build let it
+/// grow) still takes updates that shrink it, and refuses ones that grow it.
+#[test]
+fn views_past_the_byte_bound_may_shrink_but_not_grow() {
+    let mut state = ThreadState::new(G);
+    let big = |n: usize| json!("x".repeat(n));
+    state.meta.views.insert("a".into(), big(MAX_VIEW_BYTES));
+    state.meta.views.insert("b".into(), big(10));
+    let update = |view_type: &str, content: serde_json::Value| {
+        Command::Callback(Callback::ViewUpdate(ViewUpdate {
+            group_id: G.into(),
+            view_type: view_type.into(),
+            content,
+        }))
+    };
+    assert!(decide(&state, &update("a", big(MAX_VIEW_BYTES - 1))).is_ok());
+    assert!(decide(&state, &update("b", big(5))).is_ok());
+    assert!(matches!(
+        decide(&state, &update("b", big(11))),
+        Err(Rejection::ViewsTooLarge { .. })
+    ));
+    assert!(matches!(
+        decide(&state, &update("c", json!(1))),
+        Err(Rejection::ViewsTooLarge { .. })
+    ));
+}
+
 #[test]
 fn view_updates_keep_the_latest_content() {
     let view = |n: i64| {
