@@ -140,9 +140,10 @@ pub enum EventKind {
     /// The tool acknowledged the invocation with HTTP 200.
     CallDispatched {
         attempts: u32,
-        /// The acknowledgement came after the call's result (the tool
-        /// called back before answering a retried attempt): it only
-        /// corrects `attempts`, the call does not run again.
+        /// The acknowledgement was recorded after the call's result (the
+        /// tool called back before its 200 was recorded, on a retried
+        /// attempt): it only corrects `attempts`; the call does not run
+        /// again.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         after_result: bool,
     },

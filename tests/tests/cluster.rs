@@ -1011,3 +1011,68 @@ async fn mcp_and_oxp_calls_journaled_before_any_worker_runs_are_answered() {
     );
     answering.abort();
 }
+
+/// NATS down: an OXP call is journaled, and answered "still running, retry
+/// with the same call_id" once the front's wait ends. Retried after NATS
+/// is back, it answers the tool's result; the agent sees one outcome.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
+    let mut nats = Nats::start().await;
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    };
+    options
+        .args
+        .extend(["--oxp-wait-secs".to_owned(), "1".to_owned()]);
+    let a = Ferry::start(options).await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let oxp = || async {
+        let body = json!({"request": {"tool_id": "t.op", "input": {}, "call_id": "oxp-down"}});
+        let r = client
+            .post(format!("{}/oxp/tools/call", a.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    nats.kill9();
+    let (status, body) = oxp().await;
+    assert_eq!(status, 200, "{body}");
+    let result = &body["result"];
+    assert_eq!(
+        (
+            &result["success"],
+            &result["call_id"],
+            &result["error"]["can_retry"]
+        ),
+        (&json!(false), &json!("oxp-down"), &json!(true)),
+        "{body}"
+    );
+    nats.restart().await;
+    let done = eventually(
+        "the retried call's result",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = oxp().await;
+            (body["result"]["success"] == true).then_some(body)
+        },
+    )
+    .await;
+    assert_eq!(done["result"]["value"], "oxp-down", "{done}");
+    let api = a.api();
+    assert_eq!(
+        api.count("oxp-anonymous", "oxp-down", "tool_result").await,
+        1
+    );
+    assert_eq!(
+        api.count("oxp-anonymous", "oxp-down", "call_accepted")
+            .await,
+        1
+    );
+    answering.abort();
+}

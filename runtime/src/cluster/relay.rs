@@ -209,7 +209,15 @@ impl Relay {
 
 #[async_trait]
 impl Perform for Relay {
-    async fn perform(&self, mut request: Request) -> Result<Reply, ApiError> {
+    async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
+        self.perform_within(request, self.reply_wait).await
+    }
+
+    async fn perform_within(
+        &self,
+        mut request: Request,
+        wait: Duration,
+    ) -> Result<Reply, ApiError> {
         self.engine.precheck(&mut request)?;
         let group_id = self.engine.thread_of(&request)?;
         let number = self.outbox.next_number().map_err(unavailable)?;
@@ -232,7 +240,7 @@ impl Perform for Relay {
             return Err(unavailable(e));
         }
         self.wake.notify_one();
-        match tokio::time::timeout(self.reply_wait, answer).await {
+        match tokio::time::timeout(wait, answer).await {
             Ok(Ok(Ok(reply))) => Ok(reply),
             Ok(Ok(Err(refusal))) => Err(ApiError {
                 status: StatusCode::from_u16(refusal.status)

@@ -12,7 +12,7 @@ pub mod calls;
 mod choices;
 mod health;
 mod outcomes;
-mod reads;
+pub(crate) mod reads;
 mod recovery;
 pub mod requests;
 mod toolsets;

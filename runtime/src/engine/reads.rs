@@ -72,20 +72,18 @@ impl Engine {
         wait: Duration,
     ) -> Result<Vec<Event>, Error> {
         self.check_id("group_id", group_id)?;
+        if wait.is_zero() {
+            return Ok(self.store.events(group_id, after, limit).await?);
+        }
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
-        let events = self.store.events(group_id, after, limit).await?;
-        if !events.is_empty() || wait.is_zero() {
-            return Ok(events);
-        }
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
-        if tokio::time::timeout(wait, tip.wait_for(|seq| *seq > after))
-            .await
-            .is_err()
-        {
-            return Ok(vec![]);
+        let read = || self.store.events(group_id, after, limit);
+        match tokio::time::timeout(wait, next_page(after, &mut tip, read)).await {
+            Ok(Ok(Some(events))) => Ok(events),
+            Ok(Ok(None)) | Err(_) => Ok(vec![]),
+            Ok(Err(e)) => Err(e.into()),
         }
-        Ok(self.store.events(group_id, after, limit).await?)
     }
 
     /// Reads the call until `done` holds for it or `wait` passes, re-reading
@@ -115,34 +113,103 @@ impl Engine {
         }
     }
 
-    /// Waits up to `wait` for a call to be in the thread's log: one a
-    /// cluster node journaled is there once a worker applied it. Returns
-    /// whether it is.
-    pub async fn wait_until_recorded(
-        &self,
-        group_id: &str,
-        id: &str,
-        wait: Duration,
-    ) -> Result<bool, Error> {
-        let mut tip = self.watch(group_id)?;
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            tip.borrow_and_update();
-            match self.call(group_id, id).await {
-                Ok(_) => return Ok(true),
-                Err(Error::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-            match tokio::time::timeout_at(deadline, tip.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Ok(false),
-            }
-        }
-    }
-
     /// A receiver of the thread's last durable sequence number, for streams.
     pub fn watch(&self, group_id: &str) -> Result<crate::store::Watch, Error> {
         self.check_id("group_id", group_id)?;
         Ok(self.store.watch(group_id))
+    }
+}
+
+/// The first pause before reading again when a read lags the tip, and the
+/// longest.
+const BEHIND_FIRST: Duration = Duration::from_millis(1);
+const BEHIND_MOST: Duration = Duration::from_millis(100);
+
+/// The next non-empty page after `cursor`: `read` it, or wait on `tip` for
+/// more. A read that finds nothing though the tip is past the cursor comes
+/// from a replica that has not yet stored what its leader announced (a
+/// cluster on replicated streams): it is tried again after a growing pause
+/// rather than at once, which would spin until the replica caught up.
+/// `None` when the tip can no longer move.
+pub(crate) async fn next_page<F, Fut, E>(
+    cursor: u64,
+    tip: &mut tokio::sync::watch::Receiver<u64>,
+    mut read: F,
+) -> Result<Option<Vec<Event>>, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Event>, E>>,
+{
+    let mut behind = BEHIND_FIRST;
+    loop {
+        let events = read().await?;
+        if !events.is_empty() {
+            return Ok(Some(events));
+        }
+        if *tip.borrow() > cursor {
+            tokio::time::sleep(behind).await;
+            behind = (behind * 2).min(BEHIND_MOST);
+        } else if tip.wait_for(|seq| *seq > cursor).await.is_err() {
+            return Ok(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::api::EventKind;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::time::Instant;
+
+    fn event(seq: u64) -> Event {
+        Event {
+            seq,
+            group_id: "g".into(),
+            id: None,
+            at: String::new(),
+            kind: EventKind::ThreadClosed {},
+        }
+    }
+
+    /// A replica three reads behind its tip: the stream pauses between
+    /// those reads (1 + 2 + 4 ms) instead of spinning, then returns the page.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_behind_the_tip_is_retried_after_a_pause() {
+        let (_tx, mut tip) = tokio::sync::watch::channel(5u64);
+        let reads = AtomicU32::new(0);
+        let started = Instant::now();
+        let read = || {
+            let n = reads.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, ()>(if n < 3 { vec![] } else { vec![event(5)] }) }
+        };
+        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
+        assert_eq!(page, vec![event(5)]);
+        assert_eq!(reads.load(Ordering::SeqCst), 4);
+        assert!(started.elapsed() >= Duration::from_millis(7));
+    }
+
+    /// Caught up with the tip: the next read waits for it to move.
+    #[tokio::test(start_paused = true)]
+    async fn at_the_tip_the_stream_waits_for_it_to_move() {
+        let (tx, mut tip) = tokio::sync::watch::channel(4u64);
+        let reads = AtomicU32::new(0);
+        let read = || {
+            let n = reads.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, ()>(if n == 0 { vec![] } else { vec![event(5)] }) }
+        };
+        let mover = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            tx.send(5).unwrap();
+            tx
+        });
+        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
+        assert_eq!(page, vec![event(5)]);
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
+        drop(mover.await.unwrap());
+        assert_eq!(
+            next_page(5, &mut tip, || async { Ok::<_, ()>(vec![]) }).await,
+            Ok(None)
+        );
     }
 }

@@ -55,6 +55,18 @@ where
 #[async_trait::async_trait]
 pub trait Perform: Send + Sync + 'static {
     async fn perform(&self, request: Request) -> Result<Reply, ApiError>;
+
+    /// [`Perform::perform`], waiting up to `wait` for a cluster worker's
+    /// answer before answering [`Reply::Journaled`] (a node's own reply
+    /// wait is short: the native API answers `202 journaled`; a protocol
+    /// front would rather wait for the outcome, a refusal included).
+    async fn perform_within(
+        &self,
+        request: Request,
+        _wait: std::time::Duration,
+    ) -> Result<Reply, ApiError> {
+        self.perform(request).await
+    }
 }
 
 /// The single-process `Perform`: the engine, detached from the connection.
@@ -69,8 +81,9 @@ impl Perform for Local {
 }
 
 /// A submission a protocol front made: its call's id, and whether a
-/// cluster node only journaled it (no worker answered within the node's
-/// reply wait, or NATS is down), so it is not in the thread's log yet.
+/// cluster node only journaled it (no worker answered within `wait`, or
+/// NATS is down): then it is not in the thread's log yet, and it runs once
+/// a worker applies it.
 pub(crate) struct Taken {
     pub id: String,
     pub journaled: bool,
@@ -78,11 +91,13 @@ pub(crate) struct Taken {
 
 /// Submits a call for a protocol front (MCP, OXP) the way the native API
 /// does, through `perform`: `ferry serve` runs it in this process, a
-/// cluster node journals it and relays it to a worker. Refusals come back
-/// as engine errors, so each front keeps one mapping.
+/// cluster node journals it and relays it to a worker, waiting up to
+/// `wait` for the worker's answer. Refusals come back as engine errors, so
+/// each front keeps one mapping.
 pub(crate) async fn submit_call(
     perform: &dyn Perform,
     mut call: SubmitCall,
+    wait: std::time::Duration,
 ) -> Result<Taken, crate::engine::Error> {
     let id = call
         .id
@@ -95,7 +110,7 @@ pub(crate) async fn submit_call(
         };
         refusal.into_submit_error(&id)
     };
-    match perform.perform(Request::Submit { call }).await {
+    match perform.perform_within(Request::Submit { call }, wait).await {
         Ok(Reply::Submitted { reply, .. }) => Ok(Taken {
             id: reply.id,
             journaled: false,

@@ -205,7 +205,7 @@ pub(crate) fn follow(
         let group_id = group_id.clone();
         async move {
             let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
-            match next_page(cursor, &mut tip, read).await {
+            match crate::engine::reads::next_page(cursor, &mut tip, read).await {
                 Ok(Some(events)) => {
                     let next = events.last().map_or(cursor, |e| e.seq);
                     Some((events, (next, tip)))
@@ -219,41 +219,6 @@ pub(crate) fn follow(
         }
     });
     Ok(pages.flat_map(stream::iter))
-}
-
-/// The first pause before reading again when a read lags the tip, and the
-/// longest.
-const BEHIND_FIRST: Duration = Duration::from_millis(1);
-const BEHIND_MOST: Duration = Duration::from_millis(100);
-
-/// The next non-empty page after `cursor`: `read` it, or wait on `tip` for
-/// more. A read that finds nothing though the tip is past the cursor comes
-/// from a replica that has not yet stored what its leader announced (a
-/// cluster on replicated streams): it is tried again after a growing pause
-/// rather than at once, which would spin until the replica caught up.
-/// `None` when the tip can no longer move.
-async fn next_page<F, Fut, E>(
-    cursor: u64,
-    tip: &mut tokio::sync::watch::Receiver<u64>,
-    mut read: F,
-) -> Result<Option<Vec<Event>>, E>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<Event>, E>>,
-{
-    let mut behind = BEHIND_FIRST;
-    loop {
-        let events = read().await?;
-        if !events.is_empty() {
-            return Ok(Some(events));
-        }
-        if *tip.borrow() > cursor {
-            tokio::time::sleep(behind).await;
-            behind = (behind * 2).min(BEHIND_MOST);
-        } else if tip.wait_for(|seq| *seq > cursor).await.is_err() {
-            return Ok(None);
-        }
-    }
 }
 
 fn to_sse(event: Event) -> Result<SseEvent, Infallible> {
@@ -290,62 +255,5 @@ pub async fn close(
         .into_response()),
         Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id}))),
         other => Err(unexpected(other)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    fn event(seq: u64) -> Event {
-        Event {
-            seq,
-            group_id: "g".into(),
-            id: None,
-            at: String::new(),
-            kind: EventKind::ThreadClosed {},
-        }
-    }
-
-    /// A replica three reads behind its tip: the stream pauses between
-    /// those reads (1 + 2 + 4 ms) instead of spinning, then returns the page.
-    #[tokio::test(start_paused = true)]
-    async fn a_read_behind_the_tip_is_retried_after_a_pause() {
-        let (_tx, mut tip) = tokio::sync::watch::channel(5u64);
-        let reads = AtomicU32::new(0);
-        let started = Instant::now();
-        let read = || {
-            let n = reads.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, ()>(if n < 3 { vec![] } else { vec![event(5)] }) }
-        };
-        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
-        assert_eq!(page, vec![event(5)]);
-        assert_eq!(reads.load(Ordering::SeqCst), 4);
-        assert!(started.elapsed() >= Duration::from_millis(7));
-    }
-
-    /// Caught up with the tip: the next read waits for it to move.
-    #[tokio::test(start_paused = true)]
-    async fn at_the_tip_the_stream_waits_for_it_to_move() {
-        let (tx, mut tip) = tokio::sync::watch::channel(4u64);
-        let reads = AtomicU32::new(0);
-        let read = || {
-            let n = reads.fetch_add(1, Ordering::SeqCst);
-            async move { Ok::<_, ()>(if n == 0 { vec![] } else { vec![event(5)] }) }
-        };
-        let mover = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            tx.send(5).unwrap();
-            tx
-        });
-        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
-        assert_eq!(page, vec![event(5)]);
-        assert_eq!(reads.load(Ordering::SeqCst), 2);
-        drop(mover.await.unwrap());
-        assert_eq!(
-            next_page(5, &mut tip, || async { Ok::<_, ()>(vec![]) }).await,
-            Ok(None)
-        );
     }
 }

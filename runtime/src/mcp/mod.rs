@@ -414,7 +414,7 @@ async fn call(
         (false, None) => format!("mcp-{}", uuid::Uuid::new_v4().simple()),
         (true, None) => format!("{}{}", tasks::CALL_PREFIX, uuid::Uuid::new_v4().simple()),
     };
-    let accepted = match tools::submit(engine, &*mcp.perform, ctx, name, params, id).await? {
+    let accepted = match tools::submit(&*mcp.perform, ctx, name, params, id).await? {
         tools::Submitted::Refused(result) => return Ok(Some(result)),
         tools::Submitted::Call(accepted) => accepted,
     };

@@ -188,16 +188,15 @@ pub enum Submitted {
     Refused(Value),
 }
 
-/// How long a call a cluster node only journaled may take to reach the
-/// thread's log before the client is told to ask again.
+/// How long a cluster node waits for a worker to take the call (or refuse
+/// it) before telling the client it is only journaled.
 const JOURNALED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Submits the call like `POST /v1/calls` (`http::submit_call`: detached
 /// from the client's connection in `ferry serve`, journaled first on a
-/// cluster node), and waits for a journaled one to reach the log.
+/// cluster node, whose worker's answer it waits for).
 #[instrument(skip_all, fields(group_id, call_id = %id, tool = %name))]
 pub async fn submit(
-    engine: &Engine,
     perform: &dyn Perform,
     ctx: &Context,
     name: &str,
@@ -220,19 +219,16 @@ pub async fn submit(
         user_id: place.user_id,
         thread_ancestors: place.thread_ancestors,
     };
-    match crate::http::submit_call(perform, request).await {
+    match crate::http::submit_call(perform, request, JOURNALED_WAIT).await {
         Ok(taken) => {
             let id = taken.id;
             if taken.journaled {
-                let recorded = engine
-                    .wait_until_recorded(&place.group_id, &id, JOURNALED_WAIT)
-                    .await
-                    .map_err(|e| RpcError::internal(e.to_string()))?;
-                if !recorded {
-                    return Err(RpcError::internal(format!(
-                        "the call is journaled as {id:?} but was not applied within                          {JOURNALED_WAIT:?}; it runs once it is: call again with                          _meta.io.ferry/id = {id:?} for its result"
-                    )));
-                }
+                let g = &place.group_id;
+                return Err(RpcError::internal(format!(
+                    "the call is journaled as {id:?} in thread {g:?}, but the cluster did not \
+                     take it within {JOURNALED_WAIT:?} (NATS or its workers are unavailable); it \
+                     runs once they are back: read it at GET /v1/threads/{{group_id}}/calls/{{id}}"
+                )));
             }
             info!("MCP call accepted");
             Ok(Submitted::Call(Accepted {

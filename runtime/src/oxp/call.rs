@@ -148,23 +148,16 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
     // Like a native submission (run detached from the client's
     // connection, or journaled by a cluster node).
     let deadline = tokio::time::Instant::now() + oxp.wait;
-    let taken = crate::http::submit_call(&*oxp.perform, submit)
+    let taken = crate::http::submit_call(&*oxp.perform, submit, oxp.wait)
         .await
         .map_err(submit_error)?;
     if taken.journaled {
-        let recorded = oxp
-            .engine
-            .wait_until_recorded(&group_id, &id, oxp.wait)
-            .await
-            .map_err(|e| bad("The server could not read the call", e.to_string()))?;
-        if !recorded {
-            info!("OXP call journaled, not yet applied");
-            return Ok(still_running(
-                &id,
-                0,
-                "the call is journaled; no worker applied it yet",
-            ));
-        }
+        info!("OXP call journaled, not yet taken by the cluster");
+        return Ok(still_running(
+            &id,
+            0,
+            "the call is journaled; NATS or the cluster's workers did not take it in time",
+        ));
     }
     let rest = deadline.saturating_duration_since(tokio::time::Instant::now());
     let call = oxp
