@@ -68,9 +68,16 @@ async fn ten_identical_results_posted_at_once_make_one_event() {
     let api = s.api();
     let body = result("g", "c", "done");
     let posts = (0..10).map(|_| api.post(&url, &body));
+    let mut applied = 0;
     for (status, body) in join_all(posts).await {
         assert_eq!(status, 200, "{body}");
+        match body["status"].as_str() {
+            Some("applied") => applied += 1,
+            Some("duplicate") => {}
+            other => panic!("{other:?}: {body}"),
+        }
     }
+    assert_eq!(applied, 1);
     assert_eq!(api.count("g", "c", "tool_result").await, 1);
     // A later, different result for the finished call has no effect either.
     let (status, body) = api.post(&url, &result("g", "c", "changed my mind")).await;

@@ -121,43 +121,14 @@ async fn the_same_call_twice_dispatches_once_and_a_different_body_conflicts() {
 #[tokio::test]
 async fn bad_submissions_are_refused_clearly_and_change_nothing() {
     let tool = TestTool::start("t", &["op"]).await;
-    let typed = TestTool::with_manifest(json!({"name": "calc", "tools": [{
-        "name": "add", "description": "a + b",
-        "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                        "required": ["a", "b"]}},
-        // A schema that constrains nothing: rap-1 still makes `arguments`
-        // an object.
-        {"name": "anything", "description": "takes anything", "inputSchema": {}}]}))
-    .await;
+    let typed = TestTool::with_manifest(ferry_tests::cases::calc_manifest()).await;
     let ferry = Ferry::start(FerryOptions {
         tool_servers: vec![tool.url.clone(), typed.url.clone()],
         ..FerryOptions::default()
     })
     .await;
     let api = ferry.api();
-    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
-        ("malformed JSON", b"{\"operation\": \"op\",".to_vec(), 400, "invalid_json"),
-        ("not an object", b"[1, 2]".to_vec(), 400, "invalid_request"),
-        ("missing operation", json!({"arguments": {}, "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
-        ("missing group_id", json!({"operation": "op", "arguments": {}}).to_string().into(), 400, "invalid_request"),
-        ("empty operation", json!({"operation": "", "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
-        ("unknown tool", json!({"operation": "nope", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),
-        ("unknown toolset", json!({"operation": "zzz.op", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),
-        ("unknown version", json!({"operation": "t.op@9", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),
-        ("wrong type", json!({"operation": "add", "arguments": {"a": 1, "b": "two"}, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
-        ("missing required", json!({"operation": "add", "arguments": {"a": 1}, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
-        ("arguments not an object", json!({"operation": "add", "arguments": 5, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
-        ("arguments null under an empty schema", json!({"operation": "anything", "arguments": null, "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
-        ("arguments an array under an empty schema", json!({"operation": "anything", "arguments": [1], "group_id": "bad"}).to_string().into(), 422, "invalid_arguments"),
-        ("empty group_id", json!({"operation": "op", "arguments": {}, "group_id": ""}).to_string().into(), 400, "invalid_request"),
-        ("group_id over 512 bytes", json!({"operation": "op", "arguments": {}, "group_id": "g".repeat(10_000)}).to_string().into(), 400, "invalid_request"),
-        ("empty id", json!({"operation": "op", "arguments": {}, "group_id": "bad", "id": ""}).to_string().into(), 400, "invalid_request"),
-        ("id over 512 bytes", json!({"operation": "op", "arguments": {}, "group_id": "bad", "id": "i".repeat(513)}).to_string().into(), 400, "invalid_request"),
-        ("group_id \"..\"", json!({"operation": "op", "arguments": {}, "group_id": ".."}).to_string().into(), 400, "invalid_request"),
-        ("id \".\"", json!({"operation": "op", "arguments": {}, "group_id": "bad", "id": "."}).to_string().into(), 400, "invalid_request"),
-        ("2 MiB body", json!({"operation": "op", "arguments": {"text": "x".repeat(2 << 20)}, "group_id": "bad"}).to_string().into(), 413, "payload_too_large"),
-    ];
-    for (what, body, status, code) in cases {
+    for (what, body, status, code) in ferry_tests::cases::bad_submissions() {
         let (got, reply) = api.post_raw("/v1/calls", body).await;
         assert_eq!(got, status, "{what}: {reply}");
         assert_eq!(error_code(&reply), code, "{what}");

@@ -131,34 +131,50 @@ async fn hostile_group_ids_stay_in_their_own_thread() {
     let c = Cluster::start(1).await;
     let a = c.a.api();
     let dots = ".".repeat(255);
-    let hostile = ["a.*.>", "$JS.API", dots.as_str(), "a b", "é>*"];
+    let hostile = [
+        "a.*.>",
+        "$JS.API",
+        dots.as_str(),
+        "a b",
+        "é>*",
+        "*",
+        ">",
+        "a.b",
+        "$JS.API.>",
+    ];
     for (i, g) in hostile.iter().enumerate() {
         let id = format!("c{i}");
         let url = c.dispatched(&a, g, &id).await;
         let (status, _) = a.post(&path_of(&url), &result(g, &id, g)).await;
         assert_eq!(status, 200);
     }
+    let b = c.b.api();
     for (i, g) in hostile.iter().enumerate() {
-        let events = a.events(g, 0).await;
-        assert_eq!(events.len(), 3, "{g:?}: {events:?}");
-        assert!(events
-            .iter()
-            .all(|e| e["group_id"] == *g && e["id"] == format!("c{i}")));
-        let (_, call) = a.call(g, &format!("c{i}")).await;
-        assert_eq!(call["result"]["text"], *g);
+        for node in [&a, &b] {
+            let events = node.events(g, 0).await;
+            assert_eq!(events.len(), 3, "{g:?}: {events:?}");
+            assert!(events
+                .iter()
+                .all(|e| e["group_id"] == *g && e["id"] == format!("c{i}")));
+            let (_, call) = node.call(g, &format!("c{i}")).await;
+            assert_eq!(call["result"]["text"], *g);
+        }
     }
-    // A thread named like a wildcard sees nothing of the others.
-    let (status, _) = a.get(&format!("/v1/threads/{}", seg("*"))).await;
+    // A wildcard-like name never used is no thread, not a view of others.
+    let (status, _) = a.get(&format!("/v1/threads/{}", seg("a.*"))).await;
     assert_eq!(status, 404);
-    let (status, body) = a
-        .submit(json!({"operation": "op", "arguments": {}, "group_id": "", "id": "x"}))
-        .await;
-    assert_eq!(status, 400, "{body}");
     let long = "x".repeat(10 * 1024);
-    let (status, body) = a
-        .submit(json!({"operation": "op", "arguments": {}, "group_id": long, "id": "x"}))
-        .await;
-    assert_eq!(status, 400, "{body}");
+    for g in ["", long.as_str()] {
+        let (status, body) = a
+            .submit(json!({"operation": "op", "arguments": {}, "group_id": g, "id": "x"}))
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{body}"
+        );
+    }
+    assert!(c.tool.invocations().iter().all(|i| i.id != "x"));
 }
 
 /// A tool's callback side: answers every invocation with a `tool_result`
@@ -476,6 +492,19 @@ async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
         FerryWorker::start(&urls, &a.url).await,
         FerryWorker::start(&urls, &b.url).await,
     ];
+    // The streams really are replicated on all three servers.
+    let servers: Vec<async_nats::ServerAddr> =
+        urls.split(',').map(|u| u.parse().unwrap()).collect();
+    let js = async_nats::jetstream::new(async_nats::connect(servers).await.unwrap());
+    for name in [
+        ferry_runtime::store::jetstream::THREADS_STREAM,
+        ferry_runtime::cluster::streams::INBOX_STREAM,
+        ferry_runtime::cluster::streams::WORK_STREAM,
+    ] {
+        let mut stream = js.get_stream(name).await.unwrap();
+        let replicas = stream.info().await.unwrap().config.num_replicas;
+        assert_eq!(replicas, 3, "{name}");
+    }
     let answering = answer_everything(tool.clone(), vec![a.url.clone(), b.url.clone()]);
     let nodes = [a.api(), b.api()];
     let load = submit_load(&nodes, 20, 200);
@@ -1075,4 +1104,120 @@ async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
         1
     );
     answering.abort();
+}
+
+/// Issue 3: "Bad inputs from the single-node issue hold in cluster mode
+/// too." Every bad submission of the single-node tests, on both nodes;
+/// then toolsets: a discovery document with a tool missing `inputSchema`
+/// registers nothing on either node, and a second toolset with a tool of
+/// the same name makes the bare name ambiguous on both.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_single_node_bad_inputs_hold_on_every_node() {
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let calc = TestTool::with_manifest(ferry_tests::cases::calc_manifest()).await;
+    let (status, body) = a.register(&calc.url).await;
+    assert!(status < 300, "{body}");
+    eventually("B to list calc", Duration::from_secs(20), || async {
+        let (_, tools) = b.get("/v1/tools").await;
+        tools.to_string().contains("\"add\"").then_some(())
+    })
+    .await;
+    for node in [&a, &b] {
+        for (what, body, status, code) in ferry_tests::cases::bad_submissions() {
+            let (got, reply) = node.post_raw("/v1/calls", body).await;
+            assert_eq!(
+                (got, reply["error"]["code"].as_str()),
+                (status, Some(code)),
+                "{what}: {reply}"
+            );
+        }
+        assert_eq!(node.thread("bad").await.0, 404);
+    }
+    assert!(c.tool.invocations().is_empty() && calc.invocations().is_empty());
+
+    let broken = TestTool::with_manifest(json!({"name": "Bad", "tools": [
+        {"name": "ok", "description": "a valid tool", "inputSchema": ferry_tests::tool::text_schema()},
+        {"name": "schemaless", "description": "no inputSchema"}]}))
+    .await;
+    let (status, body) = b.register(&broken.url).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_toolset")),
+        "{body}"
+    );
+    for node in [&a, &b] {
+        assert_eq!(node.get("/v1/toolsets/Bad").await.0, 404);
+    }
+
+    let clash = TestTool::start("u", &["op"]).await;
+    let (status, body) = a.register(&clash.url).await;
+    assert!(status < 300, "{body}");
+    eventually("B to list u", Duration::from_secs(20), || async {
+        let (_, toolsets) = b.get("/v1/toolsets").await;
+        toolsets.to_string().contains("\"u\"").then_some(())
+    })
+    .await;
+    for node in [&a, &b] {
+        let (status, body) = node
+            .submit(json!({"operation": "op", "arguments": {}, "group_id": "amb", "id": "x"}))
+            .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("ambiguous_tool")),
+            "{body}"
+        );
+        assert_eq!(node.thread("amb").await.0, 404);
+    }
+    let (status, body) = b
+        .submit(json!({"operation": "u.op", "arguments": {}, "group_id": "amb", "id": "x"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+}
+
+/// Workers retry as a single process does: a tool answering 500 twice and
+/// then 200 is dispatched with `attempts: 3`; a tool that refuses
+/// connections ends its call failed, with a text starting `Error: `.
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_retry_and_give_up_like_a_single_process() {
+    let nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let gone = TestTool::start("gone", &["away"]).await;
+    let a = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone(), gone.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    })
+    .await;
+    let fast = ["--max-attempts", "3", "--initial-backoff-ms", "10"];
+    let _worker = FerryWorker::start_with(&nats.url(), &a.url, &fast).await;
+    let api = a.api();
+
+    tool.plan(&[ferry_tests::Ack::Status(500), ferry_tests::Ack::Status(500)]);
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "flaky"}))
+        .await;
+    assert!(status < 300, "{body}");
+    let dispatched = api.wait_for("g", "flaky", "call_dispatched").await;
+    assert_eq!(dispatched["payload"]["attempts"], 3, "{dispatched}");
+    assert_eq!(tool.invocations().len(), 3);
+
+    gone.stop();
+    let (status, body) = api
+        .submit(json!({"operation": "away", "arguments": {}, "group_id": "g", "id": "down"}))
+        .await;
+    assert!(status < 300, "{body}");
+    let failed = api.wait_for("g", "down", "tool_result").await;
+    assert_eq!(failed["payload"]["is_error"], true, "{failed}");
+    assert!(
+        failed["payload"]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Error: ")),
+        "{failed}"
+    );
+    let (_, call) = api.call("g", "down").await;
+    assert_eq!(
+        (&call["status"], &call["attempts"]),
+        (&json!("failed"), &json!(3)),
+        "{call}"
+    );
 }
