@@ -1221,3 +1221,58 @@ async fn workers_retry_and_give_up_like_a_single_process() {
         "{call}"
     );
 }
+
+/// Issue 2's "messages of one thread are processed one at a time, in
+/// order", for requests a node only journaled: subscription events a tool
+/// posts while NATS is down are answered `202 journaled`, and once NATS is
+/// back they are applied in the order the node took them, by any of three
+/// workers.
+#[tokio::test(flavor = "multi_thread")]
+async fn journaled_requests_of_a_thread_are_applied_in_order() {
+    let mut nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    };
+    options
+        .args
+        .extend(["--reply-wait-ms".to_owned(), "50".to_owned()]);
+    let a = Ferry::start(options).await;
+    let mut workers = vec![];
+    for _ in 0..3 {
+        workers.push(FerryWorker::start(&nats.url(), &a.url).await);
+    }
+    let api = a.api();
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "s"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let url = path_of(&tool.next_invocation().await.invocation.callback_url);
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "on", "subscription": true});
+    assert_eq!(api.post(&url, &opened).await.0, 200);
+
+    nats.kill9();
+    let texts: Vec<String> = (0..40).map(|n| format!("tick {n}")).collect();
+    for text in &texts {
+        let event = json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": text, "final": false});
+        let (status, body) = api.post(&url, &event).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (202, Some("journaled")),
+            "{body}"
+        );
+    }
+    nats.restart().await;
+    let applied = eventually("every event applied", Duration::from_secs(60), || async {
+        let events = api.events("g", 0).await;
+        let ticks: Vec<String> = events
+            .iter()
+            .filter(|e| e["type"] == "subscription_event")
+            .map(|e| e["payload"]["text"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        (ticks.len() == texts.len()).then_some(ticks)
+    })
+    .await;
+    assert_eq!(applied, texts);
+}

@@ -3,10 +3,15 @@
 //! `ferry.in.<g>`, and wait for the worker's answer. When NATS or the
 //! workers do not answer in time, the request is still durable and will be
 //! applied: the node answers `202` ("journaled") instead of guessing.
+//!
+//! A thread's requests are relayed one at a time: the next waits until a
+//! worker answered the one before ([`InFlight`]), so workers that share
+//! the inbox apply them in the order this node journaled them, also when
+//! they were journaled during an outage and relayed all at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::HeaderMap;
@@ -33,6 +38,11 @@ pub const REQUEST_HEADER: &str = "Ferry-Request";
 /// How many outbox entries one relay round publishes before awaiting acks.
 const RELAY_BATCH: usize = 256;
 
+/// How long a thread's relayed request may stay unanswered before the
+/// thread's next request is relayed anyway (a request no worker could
+/// read, an answer lost): order while answers come, progress when not.
+const ORDER_WAIT: Duration = Duration::from_secs(30);
+
 /// How many times a request's bytes may appear in the commit it becomes:
 /// a result's text sits in its event and in the call's record, each as
 /// `text` and as `content`.
@@ -49,6 +59,7 @@ pub struct Relay {
     /// This process's reply subject prefix.
     replies: String,
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    in_flight: Mutex<InFlight>,
     wake: Notify,
     reply_wait: Duration,
 }
@@ -73,6 +84,7 @@ impl Relay {
             node,
             replies,
             waiting: Mutex::default(),
+            in_flight: Mutex::default(),
             wake: Notify::new(),
             reply_wait,
         });
@@ -86,6 +98,9 @@ impl Relay {
                     .next()
                     .and_then(|n| n.parse().ok());
                 let answer = rmp_serde::from_slice::<Answer>(&message.payload);
+                if let Some(n) = number {
+                    relay.release(n);
+                }
                 let waiter = number.and_then(|n| relay.waiting.lock().expect("lock").remove(&n));
                 match (waiter, answer) {
                     (Some(waiter), Ok(answer)) => drop(waiter.send(answer)),
@@ -131,26 +146,55 @@ impl Relay {
                 let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
                 continue;
             }
-            if self.relay(batch).await {
-                pause = Duration::from_millis(50);
-            } else {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+            match self.relay(batch).await {
+                // Every pending entry waits for an answer to its thread's
+                // previous one: the answer wakes us.
+                Some(0) => {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                }
+                Some(_) => pause = Duration::from_millis(50),
+                None => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
             }
         }
     }
 
-    /// Publishes a batch and forgets each entry JetStream acknowledged;
-    /// false when NATS failed (the rest stay for the next round).
-    async fn relay(&self, batch: Vec<(u64, Entry)>) -> bool {
+    /// A thread's request was answered, or will never be: the thread's
+    /// next request may go.
+    fn release(&self, number: u64) {
+        if self.in_flight.lock().expect("lock").release(number) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Publishes what of a batch may go now (a thread's next request only
+    /// once its previous one was answered) and forgets each entry
+    /// JetStream acknowledged. Returns how many were published; `None`
+    /// when NATS failed (the rest stay for the next round).
+    async fn relay(&self, batch: Vec<(u64, Entry)>) -> Option<usize> {
         let mut acks = Vec::with_capacity(batch.len());
         for (number, entry) in batch {
+            // Only a request with an answer to wait for is ordered; its
+            // answer comes to this run of the node, whichever journaled it.
+            let ordered = entry.reply_to.is_some();
+            if ordered
+                && !self.in_flight.lock().expect("lock").take(
+                    &entry.group_id,
+                    number,
+                    Instant::now(),
+                )
+            {
+                continue;
+            }
             let mut headers = HeaderMap::new();
             let id = format!("{}-{number}", self.node);
             headers.insert("Nats-Msg-Id", id.as_str());
             headers.insert(REQUEST_HEADER, id.as_str());
-            if let Some(reply_to) = &entry.reply_to {
-                headers.insert(REPLY_HEADER, reply_to.as_str());
+            if ordered {
+                headers.insert(REPLY_HEADER, format!("{}.{number}", self.replies).as_str());
             }
             let body = rmp_serde::to_vec_named(&entry.request).expect("requests serialize");
             let body_len = body.len();
@@ -165,6 +209,7 @@ impl Relay {
                     // NATS's limit shrank): refuse it rather than let it
                     // hold back every entry after it.
                     warn!(number, error = %e, "journaled request too large for NATS dropped");
+                    self.release(number);
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a too large entry failed");
                         break;
@@ -179,20 +224,28 @@ impl Relay {
                 }
                 Err(e) => {
                     debug!(error = %e, "relay publish failed");
+                    self.release(number);
                     break;
                 }
             }
         }
         let mut all = true;
+        let published = acks.len();
         for (number, ack) in acks {
             match ack.await {
-                Ok(_) => {
+                Ok(ack) => {
+                    // A repeat of a request relayed before a restart: it
+                    // was applied (or will be) without an answer to us.
+                    if ack.duplicate {
+                        self.release(number);
+                    }
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a relayed entry failed");
                     }
                 }
                 Err(e) => {
                     debug!(error = %e, "relay not acknowledged");
+                    self.release(number);
                     all = false;
                 }
             }
@@ -203,7 +256,7 @@ impl Relay {
         if let Err(e) = self.outbox.flush().await {
             warn!(error = %e, "making the relayed entries' removal durable failed");
         }
-        all
+        all.then_some(published)
     }
 }
 
@@ -258,6 +311,47 @@ impl Perform for Relay {
     }
 }
 
+/// Per thread, the relayed request not yet answered. The thread's next
+/// request waits for it (at most [`ORDER_WAIT`]).
+#[derive(Default)]
+struct InFlight {
+    by_thread: HashMap<String, (u64, Instant)>,
+    by_number: HashMap<u64, String>,
+}
+
+impl InFlight {
+    /// Whether request `number` of `group_id` may be relayed now; if so,
+    /// it is the thread's request in flight.
+    fn take(&mut self, group_id: &str, number: u64, now: Instant) -> bool {
+        if let Some((earlier, since)) = self.by_thread.get(group_id) {
+            if *earlier != number && now.duration_since(*since) < ORDER_WAIT {
+                return false;
+            }
+            let earlier = *earlier;
+            self.by_number.remove(&earlier);
+        }
+        self.by_thread.insert(group_id.to_owned(), (number, now));
+        self.by_number.insert(number, group_id.to_owned());
+        true
+    }
+
+    /// Request `number` was answered (or never will be); whether it was
+    /// its thread's request in flight.
+    fn release(&mut self, number: u64) -> bool {
+        let Some(group_id) = self.by_number.remove(&number) else {
+            return false;
+        };
+        if self
+            .by_thread
+            .get(&group_id)
+            .is_some_and(|(n, _)| *n == number)
+        {
+            self.by_thread.remove(&group_id);
+        }
+        true
+    }
+}
+
 /// Removes a request's waiter from the relay when dropped.
 struct Unwait<'a> {
     waiting: &'a Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
@@ -289,4 +383,28 @@ fn unavailable(e: impl std::fmt::Display) -> ApiError {
         "unavailable",
         format!("the request could not be journaled: {e}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_threads_next_request_waits_for_the_answer_to_the_one_before() {
+        let mut in_flight = InFlight::default();
+        let now = Instant::now();
+        assert!(in_flight.take("g", 1, now));
+        assert!(!in_flight.take("g", 2, now), "g waits for 1");
+        assert!(in_flight.take("h", 3, now), "other threads do not");
+        assert!(in_flight.take("g", 1, now), "1 again (a failed publish)");
+        assert!(in_flight.release(1));
+        assert!(!in_flight.release(1), "answered once");
+        assert!(in_flight.take("g", 2, now));
+        // An answer that never comes holds the thread for ORDER_WAIT only.
+        assert!(!in_flight.take("g", 4, now + ORDER_WAIT / 2));
+        assert!(in_flight.take("g", 4, now + ORDER_WAIT));
+        assert!(!in_flight.release(2), "2 was given up on");
+        assert!(in_flight.release(4) && in_flight.release(3));
+        assert!(in_flight.by_thread.is_empty() && in_flight.by_number.is_empty());
+    }
 }
