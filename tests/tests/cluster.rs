@@ -875,6 +875,16 @@ async fn a_toolset_deleted_on_one_node_leaves_every_node() {
         "{body}"
     );
 }
+/// A runtime node on `nats` with `tool` registered and `args` besides.
+async fn node_with(nats: &Nats, tool: &TestTool, args: &[&str]) -> Ferry {
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    };
+    options.args.extend(args.iter().map(|a| (*a).to_owned()));
+    Ferry::start(options).await
+}
+
 /// One JSON-RPC request to `{node}/mcp`: the answer's status, session
 /// header and body.
 async fn mcp(
@@ -989,21 +999,14 @@ async fn mcp_and_oxp_calls_run_through_any_runtime_node() {
     answering.abort();
 }
 
-/// A call a node only journaled (no worker answered within its reply
-/// wait) is not in the log yet; MCP and OXP answer it once a worker
-/// applied it and the tool answered, rather than failing to read it.
+/// MCP and OXP wait for a worker's answer longer than the node's reply
+/// wait: calls made before any worker runs are answered with the tool's
+/// result once one starts.
 #[tokio::test(flavor = "multi_thread")]
 async fn mcp_and_oxp_calls_journaled_before_any_worker_runs_are_answered() {
     let nats = Nats::start().await;
     let tool = Arc::new(TestTool::start("t", &["op"]).await);
-    let mut options = FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::runtime(&nats.url())
-    };
-    options
-        .args
-        .extend(["--reply-wait-ms".to_owned(), "1".to_owned()]);
-    let a = Ferry::start(options).await;
+    let a = node_with(&nats, &tool, &["--reply-wait-ms", "1"]).await;
     let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
     let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
                       "clientInfo": {"name": "cluster-test", "version": "1"}});
@@ -1048,14 +1051,7 @@ async fn mcp_and_oxp_calls_journaled_before_any_worker_runs_are_answered() {
 async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
     let mut nats = Nats::start().await;
     let tool = Arc::new(TestTool::start("t", &["op"]).await);
-    let mut options = FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::runtime(&nats.url())
-    };
-    options
-        .args
-        .extend(["--oxp-wait-secs".to_owned(), "1".to_owned()]);
-    let a = Ferry::start(options).await;
+    let a = node_with(&nats, &tool, &["--oxp-wait-secs", "1"]).await;
     let _worker = FerryWorker::start(&nats.url(), &a.url).await;
     let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -1231,14 +1227,7 @@ async fn workers_retry_and_give_up_like_a_single_process() {
 async fn journaled_requests_of_a_thread_are_applied_in_order() {
     let mut nats = Nats::start().await;
     let tool = TestTool::start("t", &["op"]).await;
-    let mut options = FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::runtime(&nats.url())
-    };
-    options
-        .args
-        .extend(["--reply-wait-ms".to_owned(), "50".to_owned()]);
-    let a = Ferry::start(options).await;
+    let a = node_with(&nats, &tool, &["--reply-wait-ms", "50"]).await;
     let mut workers = vec![];
     for _ in 0..3 {
         workers.push(FerryWorker::start(&nats.url(), &a.url).await);
