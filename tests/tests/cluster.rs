@@ -1222,12 +1222,13 @@ async fn workers_retry_and_give_up_like_a_single_process() {
 /// order", for requests a node only journaled: subscription events a tool
 /// posts while NATS is down are answered `202 journaled`, and once NATS is
 /// back they are applied in the order the node took them, by any of three
-/// workers.
+/// workers. A call journaled after them in another thread does not wait
+/// for that backlog (more than a relay round's 256 entries).
 #[tokio::test(flavor = "multi_thread")]
 async fn journaled_requests_of_a_thread_are_applied_in_order() {
     let mut nats = Nats::start().await;
     let tool = TestTool::start("t", &["op"]).await;
-    let a = node_with(&nats, &tool, &["--reply-wait-ms", "50"]).await;
+    let a = node_with(&nats, &tool, &["--reply-wait-ms", "1"]).await;
     let mut workers = vec![];
     for _ in 0..3 {
         workers.push(FerryWorker::start(&nats.url(), &a.url).await);
@@ -1239,10 +1240,12 @@ async fn journaled_requests_of_a_thread_are_applied_in_order() {
     assert_eq!(status, 202, "{body}");
     let url = path_of(&tool.next_invocation().await.invocation.callback_url);
     let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "on", "subscription": true});
-    assert_eq!(api.post(&url, &opened).await.0, 200);
+    // Answered 202 at once (the node waits 1 ms for workers): wait for it.
+    assert!(api.post(&url, &opened).await.0 < 300);
+    api.wait_for("g", "s", "tool_result").await;
 
     nats.kill9();
-    let texts: Vec<String> = (0..40).map(|n| format!("tick {n}")).collect();
+    let texts: Vec<String> = (0..300).map(|n| format!("tick {n}")).collect();
     for text in &texts {
         let event = json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": text, "final": false});
         let (status, body) = api.post(&url, &event).await;
@@ -1252,16 +1255,35 @@ async fn journaled_requests_of_a_thread_are_applied_in_order() {
             "{body}"
         );
     }
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "h", "id": "later"}))
+        .await;
+    assert_eq!((status, body["seq"].as_u64()), (202, Some(0)), "{body}");
     nats.restart().await;
-    let applied = eventually("every event applied", Duration::from_secs(60), || async {
+    let events = eventually("every event applied", Duration::from_secs(60), || async {
         let events = api.events("g", 0).await;
-        let ticks: Vec<String> = events
+        let ticks = events
             .iter()
             .filter(|e| e["type"] == "subscription_event")
-            .map(|e| e["payload"]["text"].as_str().unwrap_or_default().to_owned())
-            .collect();
-        (ticks.len() == texts.len()).then_some(ticks)
+            .count();
+        (ticks == texts.len()).then_some(events)
     })
     .await;
+    let ticks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "subscription_event")
+        .collect();
+    let applied: Vec<&str> = ticks
+        .iter()
+        .map(|e| e["payload"]["text"].as_str().unwrap_or_default())
+        .collect();
     assert_eq!(applied, texts);
+    // `h` went in while `g`'s backlog was still being applied.
+    let accepted = api.wait_for("h", "later", "call_accepted").await;
+    let at = |e: &Value| e["at"].as_str().unwrap().to_owned();
+    assert!(
+        at(&accepted) < at(ticks[20]),
+        "{accepted} after {}",
+        ticks[20]
+    );
 }

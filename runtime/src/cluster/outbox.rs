@@ -38,6 +38,16 @@ pub struct Entry {
     pub request: Request,
 }
 
+/// An entry's thread, read without the rest of it.
+#[derive(Deserialize)]
+struct EntryHead {
+    group_id: String,
+}
+
+/// How many entries one `pending` call looks at, at most: entries waiting
+/// for their thread's turn are passed over, not without end.
+pub const SCAN_LIMIT: usize = 4096;
+
 pub struct Outbox {
     db: Arc<sled::Db>,
     entries: sled::Tree,
@@ -100,16 +110,29 @@ impl Outbox {
         self.commit.flush().await.map_err(Error::Backend)
     }
 
-    /// Up to `limit` entries still to relay, oldest first. Unreadable ones
-    /// are set aside on the way.
-    pub fn pending(&self, limit: usize) -> Result<Vec<(u64, Entry)>, Error> {
+    /// Up to `limit` entries still to relay, oldest first, of those `ready`
+    /// takes (asked with each entry's number and thread, in order; one it
+    /// refuses waits for a later call). At most [`SCAN_LIMIT`] entries are
+    /// looked at. Unreadable ones are set aside on the way.
+    pub fn pending(
+        &self,
+        limit: usize,
+        mut ready: impl FnMut(u64, &str) -> bool,
+    ) -> Result<Vec<(u64, Entry)>, Error> {
         let mut out = vec![];
-        for item in self.entries.iter() {
+        for item in self.entries.iter().take(SCAN_LIMIT) {
             if out.len() == limit {
                 break;
             }
             let (key, value) = item.map_err(backend)?;
             let number = <[u8; 8]>::try_from(key.as_ref()).map(u64::from_be_bytes);
+            // The thread alone first: an entry that must wait is not
+            // decoded whole.
+            if let (Ok(number), Ok(head)) = (number, rmp_serde::from_slice::<EntryHead>(&value)) {
+                if !ready(number, &head.group_id) {
+                    continue;
+                }
+            }
             match (number, rmp_serde::from_slice::<Entry>(&value)) {
                 (Ok(number), Ok(entry)) => out.push((number, entry)),
                 (number, entry) => {
@@ -200,6 +223,30 @@ mod tests {
         pending.iter().map(|(_, e)| e.group_id.as_str()).collect()
     }
 
+    /// Entries `ready` refuses are passed over, not counted: the limit
+    /// fills with the ones after them.
+    #[tokio::test]
+    async fn entries_waiting_their_turn_are_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::open(dir.path()).unwrap();
+        for (number, g) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "c")] {
+            outbox
+                .append(number, Outbox::encode(&entry(g)))
+                .await
+                .unwrap();
+        }
+        let mut asked = vec![];
+        let pending = outbox
+            .pending(2, |number, g| {
+                asked.push(number);
+                g != "a"
+            })
+            .unwrap();
+        assert_eq!(groups(&pending), ["b", "c"]);
+        assert_eq!(asked, [1, 2, 3, 4, 5]);
+        assert_eq!(outbox.len(), 5);
+    }
+
     #[tokio::test]
     async fn an_unreadable_entry_is_set_aside_and_holds_back_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -221,16 +268,19 @@ mod tests {
                 .entries
                 .insert(b"odd", Outbox::encode(&entry("c")))
                 .unwrap();
-            let pending = outbox.pending(10).unwrap();
+            let pending = outbox.pending(10, |_, _| true).unwrap();
             assert_eq!(groups(&pending), ["a", "b"]);
             assert_eq!((outbox.len(), outbox.unreadable()), (2, 2));
             // The limit counts what is relayed, not what was set aside.
-            assert_eq!(groups(&outbox.pending(1).unwrap()), ["a"]);
+            assert_eq!(groups(&outbox.pending(1, |_, _| true).unwrap()), ["a"]);
             outbox.db.flush().unwrap();
         }
         // Kept across a restart, out of the way.
         let outbox = Outbox::open(dir.path()).unwrap();
-        assert_eq!(groups(&outbox.pending(10).unwrap()), ["a", "b"]);
+        assert_eq!(
+            groups(&outbox.pending(10, |_, _| true).unwrap()),
+            ["a", "b"]
+        );
         assert_eq!(outbox.unreadable(), 2);
         assert_eq!(
             outbox
@@ -250,7 +300,7 @@ mod tests {
         drop(outbox);
         let outbox = Outbox::open(dir.path()).unwrap();
         assert_eq!(
-            groups(&outbox.pending(10).unwrap()),
+            groups(&outbox.pending(10, |_, _| true).unwrap()),
             ["a", "set aside", "b"]
         );
         assert_eq!(outbox.unreadable(), 1, "the key that is no number stays");

@@ -41,7 +41,7 @@ const RELAY_BATCH: usize = 256;
 /// How long a thread's relayed request may stay unanswered before the
 /// thread's next request is relayed anyway (a request no worker could
 /// read, an answer lost): order while answers come, progress when not.
-const ORDER_WAIT: Duration = Duration::from_secs(30);
+const ORDER_WAIT: Duration = Duration::from_secs(15);
 
 /// How many times a request's bytes may appear in the commit it becomes:
 /// a result's text sits in its event and in the call's record, each as
@@ -134,7 +134,17 @@ impl Relay {
     async fn relay_loop(self: Arc<Self>) {
         let mut pause = Duration::from_millis(50);
         loop {
-            let batch = match self.outbox.pending(RELAY_BATCH) {
+            // A thread's next request only once its previous one was
+            // answered; other threads' requests pass waiting ones.
+            let now = Instant::now();
+            let batch = {
+                let mut in_flight = self.in_flight.lock().expect("lock");
+                in_flight.expire(now);
+                self.outbox.pending(RELAY_BATCH, |number, group_id| {
+                    in_flight.take(group_id, number, now)
+                })
+            };
+            let batch = match batch {
                 Ok(batch) => batch,
                 Err(e) => {
                     warn!(error = %e, "reading the outbox failed");
@@ -170,32 +180,21 @@ impl Relay {
         }
     }
 
-    /// Publishes what of a batch may go now (a thread's next request only
-    /// once its previous one was answered) and forgets each entry
-    /// JetStream acknowledged. Returns how many were published; `None`
-    /// when NATS failed (the rest stay for the next round).
+    /// Publishes a batch (its entries are their threads' requests in
+    /// flight, see [`InFlight`]) and forgets each entry JetStream
+    /// acknowledged. Returns how many were published; `None` when NATS
+    /// failed (the rest stay for the next round).
     async fn relay(&self, batch: Vec<(u64, Entry)>) -> Option<usize> {
         let mut acks = Vec::with_capacity(batch.len());
-        for (number, entry) in batch {
-            // Only a request with an answer to wait for is ordered; its
-            // answer comes to this run of the node, whichever journaled it.
-            let ordered = entry.reply_to.is_some();
-            if ordered
-                && !self.in_flight.lock().expect("lock").take(
-                    &entry.group_id,
-                    number,
-                    Instant::now(),
-                )
-            {
-                continue;
-            }
+        let mut entries = batch.into_iter();
+        for (number, entry) in entries.by_ref() {
             let mut headers = HeaderMap::new();
             let id = format!("{}-{number}", self.node);
             headers.insert("Nats-Msg-Id", id.as_str());
             headers.insert(REQUEST_HEADER, id.as_str());
-            if ordered {
-                headers.insert(REPLY_HEADER, format!("{}.{number}", self.replies).as_str());
-            }
+            // The answer comes to this run of the node, whichever run
+            // journaled the request: it releases the thread's next one.
+            headers.insert(REPLY_HEADER, format!("{}.{number}", self.replies).as_str());
             let body = rmp_serde::to_vec_named(&entry.request).expect("requests serialize");
             let body_len = body.len();
             match self
@@ -228,6 +227,10 @@ impl Relay {
                     break;
                 }
             }
+        }
+        // Entries a failure left unpublished free their threads again.
+        for (number, _) in entries {
+            self.release(number);
         }
         let mut all = true;
         let published = acks.len();
@@ -335,6 +338,19 @@ impl InFlight {
         true
     }
 
+    /// Forgets requests in flight for [`ORDER_WAIT`] or longer, whose
+    /// threads are free again.
+    fn expire(&mut self, now: Instant) {
+        let by_number = &mut self.by_number;
+        self.by_thread.retain(|_, (number, since)| {
+            let keep = now.duration_since(*since) < ORDER_WAIT;
+            if !keep {
+                by_number.remove(number);
+            }
+            keep
+        });
+    }
+
     /// Request `number` was answered (or never will be); whether it was
     /// its thread's request in flight.
     fn release(&mut self, number: u64) -> bool {
@@ -404,7 +420,9 @@ mod tests {
         assert!(!in_flight.take("g", 4, now + ORDER_WAIT / 2));
         assert!(in_flight.take("g", 4, now + ORDER_WAIT));
         assert!(!in_flight.release(2), "2 was given up on");
-        assert!(in_flight.release(4) && in_flight.release(3));
+        assert!(in_flight.release(4));
+        // Threads whose answers never come are forgotten.
+        in_flight.expire(now + ORDER_WAIT);
         assert!(in_flight.by_thread.is_empty() && in_flight.by_number.is_empty());
     }
 }
