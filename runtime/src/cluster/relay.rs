@@ -60,6 +60,9 @@ pub struct Relay {
     replies: String,
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     in_flight: Mutex<InFlight>,
+    /// Entries this run published whose ack did not come: a copy may be
+    /// stored, with this run's reply subject, and its answer will come.
+    unacked: Mutex<std::collections::HashSet<u64>>,
     wake: Notify,
     reply_wait: Duration,
 }
@@ -85,6 +88,7 @@ impl Relay {
             replies,
             waiting: Mutex::default(),
             in_flight: Mutex::default(),
+            unacked: Mutex::default(),
             wake: Notify::new(),
             reply_wait,
         });
@@ -137,13 +141,26 @@ impl Relay {
             // A thread's next request only once its previous one was
             // answered; other threads' requests pass waiting ones.
             let now = Instant::now();
-            let batch = {
+            let busy = {
                 let mut in_flight = self.in_flight.lock().expect("lock");
                 in_flight.expire(now);
-                self.outbox.pending(RELAY_BATCH, |number, group_id| {
-                    in_flight.take(group_id, number, now)
-                })
+                in_flight.by_thread.clone()
             };
+            // One entry per thread, and none of a thread whose earlier
+            // request is still unanswered (the read holds no lock).
+            let mut picked = std::collections::HashSet::new();
+            let batch = self.outbox.pending(RELAY_BATCH, |number, group_id| {
+                let waits = busy
+                    .get(group_id)
+                    .is_some_and(|(earlier, _)| *earlier != number);
+                !waits && picked.insert(group_id.to_owned())
+            });
+            if let Ok(batch) = &batch {
+                let mut in_flight = self.in_flight.lock().expect("lock");
+                for (number, entry) in batch {
+                    in_flight.take(&entry.group_id, *number, now);
+                }
+            }
             let batch = match batch {
                 Ok(batch) => batch,
                 Err(e) => {
@@ -158,7 +175,7 @@ impl Relay {
             }
             match self.relay(batch).await {
                 // Every pending entry waits for an answer to its thread's
-                // previous one: the answer wakes us.
+                // previous one: an answer (or a second) wakes us.
                 Some(0) => {
                     let _ =
                         tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
@@ -186,6 +203,7 @@ impl Relay {
     /// failed (the rest stay for the next round).
     async fn relay(&self, batch: Vec<(u64, Entry)>) -> Option<usize> {
         let mut acks = Vec::with_capacity(batch.len());
+        let mut failed = false;
         let mut entries = batch.into_iter();
         for (number, entry) in entries.by_ref() {
             let mut headers = HeaderMap::new();
@@ -224,6 +242,7 @@ impl Relay {
                 Err(e) => {
                     debug!(error = %e, "relay publish failed");
                     self.release(number);
+                    failed = true;
                     break;
                 }
             }
@@ -232,14 +251,16 @@ impl Relay {
         for (number, _) in entries {
             self.release(number);
         }
-        let mut all = true;
+        let mut all = !failed;
         let published = acks.len();
         for (number, ack) in acks {
             match ack.await {
                 Ok(ack) => {
-                    // A repeat of a request relayed before a restart: it
-                    // was applied (or will be) without an answer to us.
-                    if ack.duplicate {
+                    // A repeat: of a copy this run published (its answer
+                    // will come), or of one an earlier run did (applied,
+                    // or to be, without an answer to us).
+                    let ours = self.unacked.lock().expect("lock").remove(&number);
+                    if ack.duplicate && !ours {
                         self.release(number);
                     }
                     if let Err(e) = self.outbox.remove(number) {
@@ -248,6 +269,7 @@ impl Relay {
                 }
                 Err(e) => {
                     debug!(error = %e, "relay not acknowledged");
+                    self.unacked.lock().expect("lock").insert(number);
                     self.release(number);
                     all = false;
                 }
