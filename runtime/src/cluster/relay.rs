@@ -169,22 +169,17 @@ impl Relay {
                     continue;
                 }
             };
+            // Nothing to relay, or every entry waits for an answer to its
+            // thread's previous one: a new entry or an answer wakes us.
             if batch.is_empty() {
                 let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
                 continue;
             }
-            match self.relay(batch).await {
-                // Every pending entry waits for an answer to its thread's
-                // previous one: an answer (or a second) wakes us.
-                Some(0) => {
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
-                }
-                Some(_) => pause = Duration::from_millis(50),
-                None => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
+            if self.relay(batch).await {
+                pause = Duration::from_millis(50);
+            } else {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -199,9 +194,9 @@ impl Relay {
 
     /// Publishes a batch (its entries are their threads' requests in
     /// flight, see [`InFlight`]) and forgets each entry JetStream
-    /// acknowledged. Returns how many were published; `None` when NATS
-    /// failed (the rest stay for the next round).
-    async fn relay(&self, batch: Vec<(u64, Entry)>) -> Option<usize> {
+    /// acknowledged; false when NATS failed (the rest stay for the next
+    /// round).
+    async fn relay(&self, batch: Vec<(u64, Entry)>) -> bool {
         let mut acks = Vec::with_capacity(batch.len());
         let mut failed = false;
         let mut entries = batch.into_iter();
@@ -252,7 +247,6 @@ impl Relay {
             self.release(number);
         }
         let mut all = !failed;
-        let published = acks.len();
         for (number, ack) in acks {
             match ack.await {
                 Ok(ack) => {
@@ -281,7 +275,7 @@ impl Relay {
         if let Err(e) = self.outbox.flush().await {
             warn!(error = %e, "making the relayed entries' removal durable failed");
         }
-        all.then_some(published)
+        all
     }
 }
 
