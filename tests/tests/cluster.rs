@@ -1102,6 +1102,20 @@ async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
     answering.abort();
 }
 
+/// Registers the toolset at `url` (named `name`) on node `a` and waits
+/// until node `b` serves it too.
+async fn registered_on_both(a: &Api, b: &Api, url: &str, name: &str) {
+    let (status, body) = a.register(url).await;
+    assert!(status < 300, "{body}");
+    let path = format!("/v1/toolsets/{name}");
+    eventually(
+        "B to serve the toolset",
+        Duration::from_secs(20),
+        || async { (b.get(&path).await.0 == 200).then_some(()) },
+    )
+    .await;
+}
+
 /// Issue 3: "Bad inputs from the single-node issue hold in cluster mode
 /// too." Every bad submission of the single-node tests, on both nodes;
 /// then toolsets: a discovery document with a tool missing `inputSchema`
@@ -1112,13 +1126,7 @@ async fn the_single_node_bad_inputs_hold_on_every_node() {
     let c = Cluster::start(1).await;
     let (a, b) = (c.a.api(), c.b.api());
     let calc = TestTool::with_manifest(ferry_tests::cases::calc_manifest()).await;
-    let (status, body) = a.register(&calc.url).await;
-    assert!(status < 300, "{body}");
-    eventually("B to list calc", Duration::from_secs(20), || async {
-        let (_, tools) = b.get("/v1/tools").await;
-        tools.to_string().contains("\"add\"").then_some(())
-    })
-    .await;
+    registered_on_both(&a, &b, &calc.url, "calc").await;
     for node in [&a, &b] {
         for (what, body, status, code) in ferry_tests::cases::bad_submissions() {
             let (got, reply) = node.post_raw("/v1/calls", body).await;
@@ -1147,13 +1155,7 @@ async fn the_single_node_bad_inputs_hold_on_every_node() {
     }
 
     let clash = TestTool::start("u", &["op"]).await;
-    let (status, body) = a.register(&clash.url).await;
-    assert!(status < 300, "{body}");
-    eventually("B to list u", Duration::from_secs(20), || async {
-        let (_, toolsets) = b.get("/v1/toolsets").await;
-        toolsets.to_string().contains("\"u\"").then_some(())
-    })
-    .await;
+    registered_on_both(&a, &b, &clash.url, "u").await;
     for node in [&a, &b] {
         let (status, body) = node
             .submit(json!({"operation": "op", "arguments": {}, "group_id": "amb", "id": "x"}))

@@ -228,10 +228,7 @@ impl Relay {
                     }
                     if let Some(waiter) = self.waiting.lock().expect("lock").remove(&number) {
                         let refused = too_large(body_len, self.js.client().max_payload());
-                        let _ = waiter.send(Err(Refusal {
-                            status: refused.status.as_u16(),
-                            body: refused.body,
-                        }));
+                        let _ = waiter.send(Err(refused.into()));
                     }
                 }
                 Err(e) => {
@@ -314,11 +311,7 @@ impl Perform for Relay {
         self.wake.notify_one();
         match tokio::time::timeout(wait, answer).await {
             Ok(Ok(Ok(reply))) => Ok(reply),
-            Ok(Ok(Err(refusal))) => Err(ApiError {
-                status: StatusCode::from_u16(refusal.status)
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                body: refusal.body,
-            }),
+            Ok(Ok(Err(refusal))) => Err(refusal.into()),
             _ => {
                 let id = match &entry.request {
                     Request::Submit { call } => call.id.clone(),

@@ -132,13 +132,7 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
             return;
         }
     }
-    let answer = answer.map_err(|e| {
-        let api = ApiError::from(e);
-        Refusal {
-            status: api.status.as_u16(),
-            body: api.body,
-        }
-    });
+    let answer = answer.map_err(|e| Refusal::from(ApiError::from(e)));
     if let Some(reply_to) = message.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
         let body = rmp_serde::to_vec_named(&answer).expect("answers serialize");
         if let Err(e) = client.publish(reply_to.to_string(), body.into()).await {

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::ErrorBody;
 
+use crate::engine::requests::Refusal;
 use crate::engine::Error;
 use crate::store;
 use crate::thread::Rejection;
@@ -74,14 +75,30 @@ pub fn error_code(e: &Error) -> &'static str {
     classify(e).1
 }
 
+/// A refusal as it crosses the wire between a cluster node and a worker.
+impl From<ApiError> for Refusal {
+    fn from(e: ApiError) -> Self {
+        Refusal {
+            status: e.status.as_u16(),
+            body: e.body,
+        }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refused: Refusal) -> Self {
+        ApiError {
+            status: StatusCode::from_u16(refused.status)
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            body: refused.body,
+        }
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         if let Error::Refused(refused) = e {
-            return ApiError {
-                status: StatusCode::from_u16(refused.status)
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                body: refused.body,
-            };
+            return refused.into();
         }
         let (status, code) = classify(&e);
         if status.is_server_error() {
@@ -98,7 +115,6 @@ impl From<Error> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::requests::Refusal;
 
     /// What a front tells apart survives the wire: an engine error made an
     /// HTTP refusal (as a cluster worker sends it back) and read again by
@@ -116,20 +132,13 @@ mod tests {
         ];
         for error in cases {
             let shown = format!("{error:?}");
-            let api = ApiError::from(error);
-            let refusal = Refusal {
-                status: api.status.as_u16(),
-                body: api.body,
-            };
+            let refusal = Refusal::from(ApiError::from(error));
             assert_eq!(format!("{:?}", refusal.into_submit_error("c")), shown);
         }
         // Anything else keeps its status, code and message.
         let api = ApiError::from(Error::Store(store::Error::Unavailable("NATS".into())));
         let (status, body) = (api.status, api.body.clone());
-        let refusal = Refusal {
-            status: status.as_u16(),
-            body: api.body,
-        };
+        let refusal = Refusal::from(api);
         let back = ApiError::from(refusal.into_submit_error("c"));
         assert_eq!((back.status, back.body), (status, body));
     }

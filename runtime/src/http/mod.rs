@@ -103,13 +103,7 @@ pub(crate) async fn submit_call(
         .id
         .get_or_insert_with(crate::engine::calls::fresh_id)
         .clone();
-    let refused = |e: ApiError| {
-        let refusal = Refusal {
-            status: e.status.as_u16(),
-            body: e.body,
-        };
-        refusal.into_submit_error(&id)
-    };
+    let refused = |e: ApiError| Refusal::from(e).into_submit_error(&id);
     match perform.perform_within(Request::Submit { call }, wait).await {
         Ok(Reply::Submitted { reply, .. }) => Ok(Taken {
             id: reply.id,
