@@ -130,6 +130,23 @@ impl Attempt {
     }
 }
 
+/// The wait a `Retry-After` value asks for (RFC 9110 10.2.3): delay
+/// seconds, or an HTTP date (a date already past asks for none). Seconds
+/// too many to count ask for the longest wait honoured; anything else is
+/// no header at all.
+fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(
+            value
+                .parse::<u64>()
+                .map_or(MAX_RETRY_AFTER, Duration::from_secs),
+        );
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 /// Sends invocations; cheap to clone (clones share the in-flight bound).
 #[derive(Clone)]
 pub struct Dispatcher {
@@ -162,8 +179,7 @@ impl Dispatcher {
                     .headers()
                     .get(RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
+                    .and_then(|v| retry_after(v, std::time::SystemTime::now()));
                 Attempt::classify(response.status(), retry_after)
             }
             Err(_) => Attempt::Transient {
@@ -252,6 +268,32 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_or_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let cases = [
+            ("120", Some(Duration::from_secs(120))),
+            (" 7 ", Some(Duration::from_secs(7))),
+            ("0", Some(Duration::ZERO)),
+            // More seconds than a u64 holds: the longest wait honoured.
+            ("99999999999999999999999", Some(MAX_RETRY_AFTER)),
+            // The RFC's own example date, 30 s after `now`.
+            (
+                "Wed, 21 Oct 2015 07:28:30 GMT",
+                Some(Duration::from_secs(30)),
+            ),
+            // A date already past: retry at once.
+            ("Wed, 21 Oct 2015 07:27:00 GMT", Some(Duration::ZERO)),
+            ("-5", None),
+            ("1.5", None),
+            ("soon", None),
+            ("", None),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(retry_after(value, now), expected, "{value:?}");
+        }
+    }
 
     #[test]
     fn classification_follows_the_transport_rules() {
