@@ -94,6 +94,28 @@ async fn a_call_still_queued_at_kill_9_is_dispatched_after_restart() {
     assert_eq!(api.count("g", "c", "call_accepted").await, 1);
 }
 
+/// Issue 2: "Messages of one thread are processed one at a time, in
+/// order" — also after a restart, whatever the calls' ids.
+#[tokio::test]
+async fn queued_calls_go_out_after_kill_9_in_the_order_they_were_accepted() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Hang]);
+    let mut ferry = ferry_with(&[&tool]).await;
+    let order = ["zz-first", "mm-second", "aa-third"];
+    for id in order {
+        let call = json!({"operation": "op", "arguments": {}, "group_id": "r", "id": id});
+        assert_eq!(ferry.api().submit(call).await.0, 202);
+    }
+    // The first is in flight (held unanswered); the others wait behind it.
+    assert_eq!(tool.next_invocation().await.invocation.id, "zz-first");
+    ferry.restart().await;
+    let mut sent = vec![];
+    while sent.len() < order.len() {
+        sent.push(tool.next_invocation().await.invocation.id);
+    }
+    assert_eq!(sent, order);
+}
+
 #[tokio::test]
 async fn every_acknowledged_call_survives_kill_9() {
     let tool = TestTool::start("t", &["op"]).await;

@@ -30,7 +30,7 @@ impl Engine {
     pub async fn recover(
         self: &Arc<Self>,
     ) -> Result<impl std::future::Future<Output = Recovered> + Send + 'static, Error> {
-        let mut requeued = 0;
+        let mut queued = vec![];
         let mut waiting = vec![];
         let mut subscribed = 0i64;
         for (group_id, id) in self.store.open_calls().await? {
@@ -41,10 +41,7 @@ impl Engine {
                 self.deliver(&group_id, &id, answer);
             }
             match call.status {
-                CallStatus::Queued => {
-                    self.enqueue(&group_id, &call).await?;
-                    requeued += 1;
-                }
+                CallStatus::Queued => queued.push((group_id, call)),
                 // The deadline is stored with the call: re-arm it.
                 CallStatus::PendingApproval => self.arm(&group_id, &call),
                 status if status.is_open() => {
@@ -57,6 +54,13 @@ impl Engine {
                 }
                 _ => {}
             }
+        }
+        // A thread's calls go out in the order they were accepted (the
+        // open calls come sorted by id, which says nothing of that).
+        queued.sort_by(|(g1, c1), (g2, c2)| (g1, c1.accepted_seq).cmp(&(g2, c2.accepted_seq)));
+        let requeued = queued.len();
+        for (group_id, call) in &queued {
+            self.enqueue(group_id, call).await?;
         }
         ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).set(subscribed as f64);
         info!(
