@@ -224,3 +224,45 @@ fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
         );
     }
 }
+
+/// Issue 2: "Messages of one thread are processed one at a time, in
+/// order." Two calls of one thread accepted at the same moment become
+/// durable in one group commit; they must still reach the tool in the order
+/// of their sequence numbers, in every thread.
+#[tokio::test]
+async fn calls_of_one_thread_submitted_at_once_reach_the_tool_in_seq_order() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    let threads = 100;
+    let submits = (0..threads).flat_map(|t| {
+        ["a", "b"].map(|id| {
+            let api = api.clone();
+            async move {
+                let g = format!("par-{t}");
+                let (status, body) = api
+                    .submit(json!({"operation": "op", "arguments": {}, "group_id": g, "id": id}))
+                    .await;
+                assert_eq!(status, 202, "{body}");
+                (g, id, body["seq"].as_u64().unwrap())
+            }
+        })
+    });
+    let accepted = futures::future::join_all(submits).await;
+    while tool.invocations().len() < 2 * threads {
+        tool.next_invocation().await;
+    }
+    let sent = tool.invocations();
+    for t in 0..threads {
+        let g = format!("par-{t}");
+        let mut by_seq: Vec<_> = accepted.iter().filter(|(x, ..)| *x == g).collect();
+        by_seq.sort_by_key(|(.., seq)| *seq);
+        let expected: Vec<&str> = by_seq.iter().map(|(_, id, _)| *id).collect();
+        let got: Vec<&str> = sent
+            .iter()
+            .filter(|i| i.group_id == g)
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!(got, expected, "thread {g}");
+    }
+}

@@ -90,7 +90,7 @@ impl Engine {
             reviewer: reviewer.into(),
             reason,
         };
-        let executed = match self.execute(group_id, command).await {
+        let executed = match self.execute_in_turn(group_id, command).await {
             Err(Error::Rejected(Rejection::NotPendingApproval {
                 status: CallStatus::Queued,
                 ..
@@ -122,6 +122,9 @@ impl Engine {
             "approval decided"
         );
         if call.status == CallStatus::Queued {
+            if let Some(turn) = &executed.turn {
+                turn.come().await;
+            }
             self.enqueue(group_id, &call).await?;
         }
         Ok(call)

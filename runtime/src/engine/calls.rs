@@ -94,8 +94,15 @@ impl Engine {
             )
         };
         let Executed {
-            decision, state, ..
-        } = self.execute(&group_id, command).await?;
+            decision,
+            state,
+            turn,
+            ..
+        } = self.execute_in_turn(&group_id, command).await?;
+        if let Some(turn) = &turn {
+            // Calls of one thread accepted at once go out in seq order.
+            turn.come().await;
+        }
         let call = &state.calls[&id];
         if decision.outcome != Outcome::Applied {
             // Still queued: the first submission may have been cut short

@@ -16,6 +16,7 @@ pub(crate) mod reads;
 mod recovery;
 pub mod requests;
 mod toolsets;
+mod turns;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use crate::store::{self, Store, Write};
 use crate::thread::{self, Command, Decision, Rejection, ThreadState};
 use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
+use turns::{Turn, Turns};
 
 pub use approvals::TIMEOUT_REVIEWER;
 pub use toolsets::RegisteredToolset;
@@ -121,6 +123,8 @@ pub struct Engine {
     notifier: Notifier,
     client: reqwest::Client,
     locks: Vec<Mutex<()>>,
+    /// Each thread's commands' turns at the bus, in write order.
+    turns: Arc<Turns>,
     /// Where approval timeouts are armed; `start_timers` takes the queue.
     timers: tokio::sync::mpsc::UnboundedSender<approvals::Timer>,
     timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
@@ -142,6 +146,9 @@ pub struct Executed {
     pub decision: Decision,
     pub events: Vec<Event>,
     pub state: ThreadState,
+    /// The command's turn at the bus, if it asked for one
+    /// ([`Engine::execute_in_turn`]).
+    pub(crate) turn: Option<Turn>,
 }
 
 impl Engine {
@@ -164,6 +171,7 @@ impl Engine {
             notifier: Notifier::new(client.clone()),
             client,
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            turns: Arc::default(),
             delivering: Default::default(),
             toolset_writes: Default::default(),
             armed: Default::default(),
@@ -179,7 +187,19 @@ impl Engine {
     /// Runs `command` against thread `group_id` and returns once its events
     /// are durable and visible to readers.
     pub async fn execute(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Await)
+        self.execute_with(group_id, command, Durability::Await, false)
+            .await
+    }
+
+    /// Like [`Engine::execute`], for a command that may hand a call to the
+    /// bus: it takes a turn in its thread's line ([`turns`]), which the
+    /// caller waits for before publishing.
+    pub(crate) async fn execute_in_turn(
+        &self,
+        group_id: &str,
+        command: Command,
+    ) -> Result<Executed, Error> {
+        self.execute_with(group_id, command, Durability::Await, true)
             .await
     }
 
@@ -190,7 +210,7 @@ impl Engine {
     /// them, which must be harmless (a lost `call_dispatched` means the
     /// call is dispatched again: invariant 4 allows it).
     pub async fn record(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Background)
+        self.execute_with(group_id, command, Durability::Background, false)
             .await
     }
 
@@ -199,11 +219,13 @@ impl Engine {
         group_id: &str,
         command: Command,
         durability: Durability,
+        in_turn: bool,
     ) -> Result<Executed, Error> {
         let at = now();
         store::jetstream::command_started();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
+            let turn = in_turn.then(|| self.turns.take(group_id));
             let mut state = self.store.load(group_id, &command.call_ids()).await?;
             let decision = match thread::decide(&state, &command) {
                 Ok(decision) => decision,
@@ -228,6 +250,7 @@ impl Engine {
                     decision,
                     events,
                     state,
+                    turn,
                 });
             }
             let write = Write {
@@ -259,6 +282,7 @@ impl Engine {
                         decision: thread::Decision::nothing(thread::Outcome::Duplicate),
                         events: vec![],
                         state,
+                        turn,
                     });
                 }
                 Err(e) => return Err(e.into()),
@@ -280,6 +304,7 @@ impl Engine {
                     decision,
                     events,
                     state,
+                    turn,
                 });
             }
             let flushed = self.store.flush().await;
@@ -296,6 +321,7 @@ impl Engine {
                 decision,
                 events,
                 state,
+                turn,
             });
         }
         Err(store::Error::Conflict(group_id.to_owned()).into())
