@@ -559,3 +559,42 @@ async fn a_subscription_past_the_threads_bound_is_cancelled_at_once() {
     let (status, _) = api.post(&url, &event("g", "over", "tick", false)).await;
     assert_eq!(status, 410);
 }
+
+/// DESIGN invariant 5: "A callback is accepted only for a call that exists
+/// and is waiting (or a subscription that is active)." A `view_update`
+/// sent with the token of a cancelled call, or in a closed thread, is
+/// answered 200 `ignored` and records nothing.
+#[tokio::test]
+async fn a_view_update_from_a_call_no_longer_open_changes_nothing() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let view =
+        |n: i64| json!({"type": "view_update", "group_id": "g", "view_type": "diff", "content": n});
+    let cancelled = s.dispatched("g", "c").await;
+    let open = s.dispatched("g", "d").await;
+    assert_eq!(api.post(&open, &view(1)).await.0, 200);
+    api.delete("/v1/threads/g/calls/c").await;
+    let before = api.events("g", 0).await;
+    let (status, body) = api.post(&cancelled, &view(2)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("ignored")),
+        "{body}"
+    );
+
+    assert_eq!(api.post("/v1/threads/g/close", &json!({})).await.0, 200);
+    let closed = api.events("g", 0).await;
+    let (status, body) = api.post(&open, &view(3)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("ignored")),
+        "{body}"
+    );
+    assert_eq!(api.events("g", 0).await, closed, "a view was recorded");
+    assert_eq!(
+        closed.len(),
+        before.len() + 1,
+        "only thread_closed after the cancel"
+    );
+    assert_eq!(api.thread("g").await.1["views"], json!({"diff": 1}));
+}

@@ -58,12 +58,16 @@ impl Engine {
         let span = tracing::Span::current();
         span.record("group_id", group_id.as_str());
         span.record("call_id", id.as_str());
-        if callback.call_id().is_none() && self.store.call(&group_id, &id).await?.is_none() {
-            // A view_update names no call; its token still must name one.
-            return Err(Error::Rejected(crate::thread::Rejection::UnknownCall(id)));
-        }
         let kind = callback.kind();
-        let executed = self.execute(&group_id, Command::Callback(callback)).await?;
+        let command = match callback {
+            // A view_update names no call; its token's must still be open.
+            Callback::ViewUpdate(update) => Command::View {
+                id: id.clone(),
+                update,
+            },
+            callback => Command::Callback(callback),
+        };
+        let executed = self.execute(&group_id, command).await?;
         let outcome = executed.decision.outcome;
         for event in &executed.events {
             match &event.kind {

@@ -2,7 +2,7 @@
 //! table (`rap-3`) that depends on a call's state is here.
 
 use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
-use ferry_proto::rap::Callback;
+use ferry_proto::rap::{Callback, ViewUpdate};
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, ThreadState};
 use super::{
@@ -32,7 +32,13 @@ pub enum Command {
         text: String,
     },
     /// A tool's callback; its token already named this thread and call.
+    /// A `view_update` names no call, so it comes as [`Command::View`].
     Callback(Callback),
+    /// A tool's `view_update`, sent with the token of call `id`.
+    View {
+        id: String,
+        update: ViewUpdate,
+    },
     /// The agent cancels a call (or the subscription it opened).
     Cancel {
         id: String,
@@ -97,7 +103,8 @@ impl Command {
             | Command::Decide { id, .. }
             | Command::Choose { id, .. }
             | Command::ChoiceDelivered { id, .. }
-            | Command::ChoiceRefused { id, .. } => vec![id],
+            | Command::ChoiceRefused { id, .. }
+            | Command::View { id, .. } => vec![id],
             Command::Callback(cb) => cb.call_id().into_iter().collect(),
             Command::Close | Command::Revoke { .. } => vec![],
         }
@@ -230,6 +237,17 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             ]))
         }
         Command::Callback(cb) => callback(state, cb),
+        Command::View { id, update } => {
+            let call = existing(state, id)?;
+            // Invariant 5: only a call still waiting on its tool (or a live
+            // subscription) takes callbacks; a late or leaked token's view
+            // is dropped like a late result.
+            let open = call.status.is_pending() || call.status == CallStatus::Subscribed;
+            if !open || state.meta.closed {
+                return Ok(Decision::nothing(Outcome::Ignored));
+            }
+            view_update(state, update)
+        }
         Command::Cancel { id } => {
             let call = existing(state, id)?;
             let kind = match call.status {
@@ -496,8 +514,9 @@ fn cancel_subscription_tool(
     Ok(decision)
 }
 
-fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
-    if let Callback::ViewUpdate(v) = cb {
+/// A live view's new content, within the thread's bounds.
+fn view_update(state: &ThreadState, v: &ViewUpdate) -> Result<Decision, Rejection> {
+    {
         if state.meta.views.get(&v.view_type) == Some(&v.content) {
             return Ok(Decision::nothing(Outcome::Duplicate));
         }
@@ -537,9 +556,13 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
             },
         }]));
     }
+}
+
+fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
+    // A view_update names no call: without its token's, there is none.
     let id = cb
         .call_id()
-        .expect("every callback but view_update names a call");
+        .ok_or_else(|| Rejection::UnknownCall(String::new()))?;
     let call = existing(state, id)?;
     if call.status == CallStatus::PendingApproval {
         return Err(Rejection::NotDispatched(id.to_owned()));
@@ -613,6 +636,6 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
                 _ => Ok(Decision::nothing(Outcome::Duplicate)),
             }
         }
-        Callback::ViewUpdate(_) => unreachable!("handled above"),
+        Callback::ViewUpdate(_) => unreachable!("a view_update names no call"),
     }
 }

@@ -29,6 +29,59 @@ fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
     }
 }
 
+/// A `view_update` sent with call `id`'s token.
+fn view(id: &str, view_type: &str, content: serde_json::Value) -> Command {
+    Command::View {
+        id: id.into(),
+        update: ViewUpdate {
+            group_id: G.into(),
+            view_type: view_type.into(),
+            content,
+        },
+    }
+}
+
+/// Records call `id`, queued, in `state`.
+fn submitted(state: &mut ThreadState, id: &str) {
+    let decision = decide(state, &Command::Submit(new_call(id, json!({})))).unwrap();
+    apply(state, "t", decision.changes);
+}
+
+/// Invariant 5: a view comes only from a call still waiting on its tool
+/// (or a live subscription); a finished or cancelled call's token, or any
+/// token in a closed thread, changes nothing.
+#[test]
+fn only_an_open_call_updates_views() {
+    let v = || view("c", "diff", json!({"n": 1}));
+    check(vec![
+        (v(), Err(Rejection::UnknownCall("c".into()))),
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (Command::Cancel { id: "c".into() }, Ok(&["call_cancelled"])),
+        (v(), Ok(&[])),
+    ]);
+    check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "done", false), Ok(&["tool_result"])),
+        (v(), Ok(&[])),
+    ]);
+    check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "open", true), Ok(&["tool_result"])),
+        (v(), Ok(&["view_update"])),
+        (Command::Close, Ok(&["thread_closed"])),
+        (view("c", "diff", json!({"n": 2})), Ok(&[])),
+    ]);
+}
+
 fn result(id: &str, text: &str, subscription: bool) -> Command {
     Command::Callback(Callback::ToolResult(ToolResult {
         group_id: G.into(),
@@ -567,13 +620,8 @@ fn views_past_the_byte_bound_may_shrink_but_not_grow() {
     let big = |n: usize| json!("x".repeat(n));
     state.meta.views.insert("a".into(), big(MAX_VIEW_BYTES));
     state.meta.views.insert("b".into(), big(10));
-    let update = |view_type: &str, content: serde_json::Value| {
-        Command::Callback(Callback::ViewUpdate(ViewUpdate {
-            group_id: G.into(),
-            view_type: view_type.into(),
-            content,
-        }))
-    };
+    submitted(&mut state, "c");
+    let update = |view_type: &str, content: serde_json::Value| view("c", view_type, content);
     assert!(decide(&state, &update("a", big(MAX_VIEW_BYTES - 1))).is_ok());
     assert!(decide(&state, &update("b", big(5))).is_ok());
     assert!(matches!(
@@ -588,14 +636,12 @@ fn views_past_the_byte_bound_may_shrink_but_not_grow() {
 
 #[test]
 fn view_updates_keep_the_latest_content() {
-    let view = |n: i64| {
-        Command::Callback(Callback::ViewUpdate(ViewUpdate {
-            group_id: G.into(),
-            view_type: "diff".into(),
-            content: json!({"n": n}),
-        }))
-    };
+    let view = |n: i64| view("c", "diff", json!({"n": n}));
     let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
         (view(1), Ok(&["view_update"])),
         (view(1), Ok(&[])),
         (view(2), Ok(&["view_update"])),
@@ -605,16 +651,12 @@ fn view_updates_keep_the_latest_content() {
 
 #[test]
 fn a_thread_holds_at_most_its_bound_of_views() {
-    let view = |kind: &str, n: i64| {
-        Command::Callback(Callback::ViewUpdate(ViewUpdate {
-            group_id: G.into(),
-            view_type: kind.into(),
-            content: json!({"n": n}),
-        }))
-    };
-    let mut steps: Vec<(Command, Expect)> = (0..MAX_VIEWS)
-        .map(|i| (view(&format!("v{i}"), 1), Ok(&["view_update"][..])))
-        .collect();
+    let view = |kind: &str, n: i64| view("c", kind, json!({"n": n}));
+    let mut steps: Vec<(Command, Expect)> = vec![(
+        Command::Submit(new_call("c", json!({}))),
+        Ok(&["call_accepted"][..]),
+    )];
+    steps.extend((0..MAX_VIEWS).map(|i| (view(&format!("v{i}"), 1), Ok(&["view_update"][..]))));
     steps.push((
         view("one more", 1),
         Err(Rejection::TooManyViews("one more".into())),
