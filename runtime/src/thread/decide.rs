@@ -516,46 +516,43 @@ fn cancel_subscription_tool(
 
 /// A live view's new content, within the thread's bounds.
 fn view_update(state: &ThreadState, v: &ViewUpdate) -> Result<Decision, Rejection> {
-    {
-        if state.meta.views.get(&v.view_type) == Some(&v.content) {
-            return Ok(Decision::nothing(Outcome::Duplicate));
-        }
-        if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
-            return Err(Rejection::TooManyViews(v.view_type.clone()));
-        }
-        // A view's name counts too; an update that does not grow the views
-        // is taken even past the bound (a thread an older build let grow).
-        let size = |view_type: &str, content: &serde_json::Value| {
-            view_type.len() + content.to_string().len()
-        };
-        let others: usize = state
+    if state.meta.views.get(&v.view_type) == Some(&v.content) {
+        return Ok(Decision::nothing(Outcome::Duplicate));
+    }
+    if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
+        return Err(Rejection::TooManyViews(v.view_type.clone()));
+    }
+    // A view's name counts too; an update that does not grow the views
+    // is taken even past the bound (a thread an older build let grow).
+    let size =
+        |view_type: &str, content: &serde_json::Value| view_type.len() + content.to_string().len();
+    let others: usize = state
+        .meta
+        .views
+        .iter()
+        .filter(|(view_type, _)| **view_type != v.view_type)
+        .map(|(view_type, content)| size(view_type, content))
+        .sum();
+    let before = others
+        + state
             .meta
             .views
-            .iter()
-            .filter(|(view_type, _)| **view_type != v.view_type)
-            .map(|(view_type, content)| size(view_type, content))
-            .sum();
-        let before = others
-            + state
-                .meta
-                .views
-                .get(&v.view_type)
-                .map_or(0, |content| size(&v.view_type, content));
-        let bytes = others + size(&v.view_type, &v.content);
-        if bytes > MAX_VIEW_BYTES && bytes > before {
-            return Err(Rejection::ViewsTooLarge {
-                view_type: v.view_type.clone(),
-                bytes,
-            });
-        }
-        return Ok(Decision::applied(vec![Change {
-            id: None,
-            kind: EventKind::ViewUpdate {
-                view_type: v.view_type.clone(),
-                content: v.content.clone(),
-            },
-        }]));
+            .get(&v.view_type)
+            .map_or(0, |content| size(&v.view_type, content));
+    let bytes = others + size(&v.view_type, &v.content);
+    if bytes > MAX_VIEW_BYTES && bytes > before {
+        return Err(Rejection::ViewsTooLarge {
+            view_type: v.view_type.clone(),
+            bytes,
+        });
     }
+    Ok(Decision::applied(vec![Change {
+        id: None,
+        kind: EventKind::ViewUpdate {
+            view_type: v.view_type.clone(),
+            content: v.content.clone(),
+        },
+    }]))
 }
 
 fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
