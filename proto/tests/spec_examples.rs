@@ -143,6 +143,34 @@ fn tool_result_with_content_items_and_image_segment() {
     assert!(r.subscription);
 }
 
+// rap-3: "`content` wins when both are present" — for the model's text
+// and for the `Error: ` convention alike.
+#[test]
+fn content_wins_over_text_when_both_are_present() {
+    let both = |text: &str, item: &str| {
+        let Callback::ToolResult(r) = callback(json!({
+            "type": "tool_result", "group_id": "g", "id": "c", "text": text,
+            "content": [{"type": "text", "text": item}]
+        })) else {
+            panic!("not a tool_result")
+        };
+        r
+    };
+    let r = both("Done", "Error: the disk is full");
+    assert_eq!(r.model_text(), "Error: the disk is full");
+    assert!(r.is_error());
+    let r = both("Error: stale", "fine");
+    assert_eq!(r.model_text(), "fine");
+    assert!(!r.is_error());
+    // An empty list is no content: the text stands.
+    let Callback::ToolResult(r) = callback(json!({
+        "type": "tool_result", "group_id": "g", "id": "c", "text": "t", "content": []
+    })) else {
+        panic!("not a tool_result")
+    };
+    assert_eq!(r.model_text(), "t");
+}
+
 #[test]
 fn unknown_display_segments_are_kept() {
     callback(json!({

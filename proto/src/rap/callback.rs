@@ -146,11 +146,14 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
-    /// The text the model receives: `text`, or the text items of `content`
-    /// joined when only `content` was sent.
+    /// The text the model receives: the text items of `content` joined,
+    /// or `text` when no content was sent (`rap-3`: "`content` wins when
+    /// both are present"; an empty list counts as none).
     pub fn model_text(&self) -> String {
-        if let Some(text) = &self.text {
-            return text.clone();
+        match (&self.text, &self.content) {
+            (_, Some(items)) if !items.is_empty() => {}
+            (Some(text), _) => return text.clone(),
+            (None, _) => {}
         }
         let items = self.content.iter().flatten();
         let texts: Vec<&str> = items
