@@ -147,7 +147,8 @@ struct DispatchArgs {
     /// Dispatch attempts per call before it fails.
     #[arg(long, default_value_t = DispatchConfig::default().max_attempts, env = "FERRY_MAX_ATTEMPTS")]
     max_attempts: u32,
-    /// First retry delay, in milliseconds (doubles up to --max-backoff-ms).
+    /// First retry delay, in milliseconds; each later one is 1.5 times the
+    /// last, ±50% at random, up to about --max-backoff-ms.
     #[arg(long, default_value_t = 200, env = "FERRY_INITIAL_BACKOFF_MS")]
     initial_backoff_ms: u64,
     #[arg(long, default_value_t = 10_000, env = "FERRY_MAX_BACKOFF_MS")]

@@ -173,6 +173,26 @@ async fn a_call_cancelled_during_retries_stops_being_retried() {
     assert_eq!(api.count("g", "c", "tool_result").await, 0);
 }
 
+/// A cancel frees the thread at once, not after the rest of the wait the
+/// tool asked for: the thread's next call goes out while the cancelled
+/// call's `Retry-After` of two minutes still runs (next_invocation gives
+/// up after 20 s).
+#[tokio::test]
+async fn a_cancel_during_a_long_retry_after_frees_the_thread() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::RetryAfter(429, 120)]);
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    tool.next_invocation().await;
+    assert_eq!(api.delete("/v1/threads/g/calls/c").await.0, 200);
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "next"}))
+        .await;
+    assert_eq!(tool.next_invocation().await.invocation.id, "next");
+    assert_eq!(tool.invocations().iter().filter(|i| i.id == "c").count(), 1);
+}
+
 /// A tool asking for a long wait must not hold up another tool: a call
 /// waiting out its `Retry-After` holds none of the attempts in flight.
 #[tokio::test]

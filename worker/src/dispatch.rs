@@ -9,10 +9,10 @@
 //! cannot keep every other tool's calls from being sent.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backoff::backoff::Backoff;
 use backoff::ExponentialBackoffBuilder;
 use ferry_proto::Invocation;
 use reqwest::{header::RETRY_AFTER, StatusCode};
@@ -147,6 +147,30 @@ fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
+/// How often a call waiting out a backoff asks whether it is still wanted:
+/// a call cancelled meanwhile frees its thread's queue within this, not
+/// after the rest of a `Retry-After` of minutes.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Sleeps `wait`, asking `wanted` every [`RECHECK`]; false once it says no.
+async fn wait_while_wanted<F, Fut>(wait: Duration, wanted: &F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        tokio::time::sleep_until(until.min(now + RECHECK)).await;
+        if tokio::time::Instant::now() < until && !wanted().await {
+            return false;
+        }
+    }
+}
+
 /// Sends invocations; cheap to clone (clones share the in-flight bound).
 #[derive(Clone)]
 pub struct Dispatcher {
@@ -190,7 +214,8 @@ impl Dispatcher {
     }
 
     /// Dispatches until acknowledged, refused, or out of attempts. `wanted`
-    /// is asked before every attempt, so a cancelled call stops retrying.
+    /// is asked before every attempt and every [`RECHECK`] of a wait, so a
+    /// cancelled call stops retrying and frees its thread soon.
     /// Returns the number of attempts made.
     pub async fn dispatch<F, Fut>(
         &self,
@@ -202,66 +227,58 @@ impl Dispatcher {
         F: Fn() -> Fut,
         Fut: Future<Output = bool>,
     {
-        let attempts = AtomicU32::new(0);
         let max = self.config.max_attempts.max(1);
-        let policy = ExponentialBackoffBuilder::new()
+        let mut policy = ExponentialBackoffBuilder::new()
             .with_initial_interval(self.config.initial_backoff)
             .with_max_interval(self.config.max_backoff)
             .with_max_elapsed_time(None)
             .build();
-        let operation = || async {
-            let n = attempts.load(Ordering::SeqCst);
-            // Taken before asking: the wait for a slot may be long, and a
-            // call cancelled meanwhile must not be sent.
-            let _slot = self.in_flight.acquire().await.expect("never closed");
-            if !wanted().await {
-                return Err(backoff::Error::permanent(Failure::NotWanted {
-                    attempts: n,
-                }));
-            }
-            let n = attempts.fetch_add(1, Ordering::SeqCst) + 1;
-            match self.attempt(endpoint, invocation).await {
-                Attempt::Acknowledged => {
-                    record_attempt("acknowledged");
-                    Ok(n)
+        let mut attempts = 0;
+        loop {
+            let wait = {
+                // Taken before asking: the wait for a slot may be long, and
+                // a call cancelled meanwhile must not be sent.
+                let _slot = self.in_flight.acquire().await.expect("never closed");
+                if !wanted().await {
+                    return Err(Failure::NotWanted { attempts });
                 }
-                Attempt::Final { status } => {
-                    record_attempt("refused");
-                    Err(backoff::Error::permanent(Failure::Refused {
-                        status,
-                        attempts: n,
-                    }))
-                }
-                Attempt::Transient {
-                    status,
-                    retry_after,
-                } => {
-                    record_attempt(if status.is_some() {
-                        "retryable_status"
-                    } else {
-                        "unreachable"
-                    });
-                    let failure = match status {
-                        Some(status) => Failure::Exhausted {
-                            status,
-                            attempts: n,
-                        },
-                        None => Failure::Unreachable { attempts: n },
-                    };
-                    if n >= max {
-                        return Err(backoff::Error::permanent(failure));
+                attempts += 1;
+                let (status, retry_after) = match self.attempt(endpoint, invocation).await {
+                    Attempt::Acknowledged => {
+                        record_attempt("acknowledged");
+                        return Ok(attempts);
                     }
-                    // Honour the tool's Retry-After, bounded so a broken
-                    // header cannot park the call for hours.
-                    let retry_after = retry_after.map(|d| d.min(MAX_RETRY_AFTER));
-                    Err(backoff::Error::Transient {
-                        err: failure,
+                    Attempt::Final { status } => {
+                        record_attempt("refused");
+                        return Err(Failure::Refused { status, attempts });
+                    }
+                    Attempt::Transient {
+                        status,
                         retry_after,
-                    })
+                    } => (status, retry_after),
+                };
+                record_attempt(if status.is_some() {
+                    "retryable_status"
+                } else {
+                    "unreachable"
+                });
+                if attempts >= max {
+                    return Err(match status {
+                        Some(status) => Failure::Exhausted { status, attempts },
+                        None => Failure::Unreachable { attempts },
+                    });
                 }
+                // Honour the tool's Retry-After, bounded so a broken header
+                // cannot park the call for hours.
+                match retry_after {
+                    Some(asked) => asked.min(MAX_RETRY_AFTER),
+                    None => policy.next_backoff().unwrap_or(self.config.max_backoff),
+                }
+            };
+            if !wait_while_wanted(wait, &wanted).await {
+                return Err(Failure::NotWanted { attempts });
             }
-        };
-        backoff::future::retry(policy, operation).await
+        }
     }
 }
 
