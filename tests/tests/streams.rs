@@ -458,6 +458,42 @@ async fn health_metrics_and_unknown_routes() {
     );
 }
 
+/// `ferry_active_subscriptions` now, from `/metrics`.
+async fn active_subscriptions(api: &Api) -> Option<f64> {
+    let metrics = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sample(&metrics, "ferry_active_subscriptions", "")
+}
+
+/// The gauge goes down however a subscription ends: a cancel of the
+/// subscription, of its call, or the built-in `cancel_subscription` tool.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_active_subscriptions_gauge_follows_every_way_one_ends() {
+    let (tool, ferry) = setup().await;
+    let api = ferry.api();
+    for id in ["s1", "s2", "s3"] {
+        let invocation = dispatched(&api, &tool, "g", id).await;
+        let opened = json!({"type": "tool_result", "group_id": "g", "id": id,
+                            "text": "on", "subscription": true});
+        assert_eq!(api.post(&invocation.callback_url, &opened).await.0, 200);
+    }
+    assert_eq!(active_subscriptions(&api).await, Some(3.0));
+    assert_eq!(api.delete("/v1/threads/g/subscriptions/s1").await.0, 200);
+    assert_eq!(api.delete("/v1/threads/g/calls/s2").await.0, 200);
+    let cancel = json!({"operation": "cancel_subscription", "arguments": {"tool_call_id": "s3"},
+                        "group_id": "g", "id": "x"});
+    assert_eq!(api.submit(cancel).await.0, 202);
+    assert_eq!(api.thread("g").await.1["active_subscriptions"], json!([]));
+    assert_eq!(active_subscriptions(&api).await, Some(0.0));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn thread_metadata_reports_progress_and_ancestors() {
     let (tool, ferry) = setup().await;

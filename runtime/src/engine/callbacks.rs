@@ -74,7 +74,6 @@ impl Engine {
                 EventKind::ToolResult {
                     subscription: true, ..
                 } if executed.state.calls[&id].status == CallStatus::Subscribed => {
-                    ::metrics::gauge!(metrics::ACTIVE_SUBSCRIPTIONS).increment(1);
                     info!(group_id, call_id = %id, "subscription opened");
                 }
                 EventKind::ToolResult { is_error, .. } => {
@@ -96,7 +95,6 @@ impl Engine {
                 EventKind::SubscriptionEvent { is_final: true, .. }
                     if executed.state.calls[&id].status == CallStatus::Completed =>
                 {
-                    ::metrics::gauge!(metrics::ACTIVE_SUBSCRIPTIONS).decrement(1);
                     info!(group_id, call_id = %id, "subscription ended");
                 }
                 _ => {}

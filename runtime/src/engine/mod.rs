@@ -240,6 +240,7 @@ impl Engine {
                 }
             };
             let expected_last_seq = state.meta.last_seq;
+            let active_before = state.meta.active_subscriptions.len();
             let events = thread::apply(&mut state, &at, decision.changes.clone());
             if events.is_empty() {
                 drop(guard);
@@ -287,6 +288,13 @@ impl Engine {
                 }
                 Err(e) => return Err(e.into()),
                 Ok(()) => {}
+            }
+            // Every way a subscription opens or ends (a result, `final`, a
+            // cancel of either kind, the built-in tool, a lost call) is a
+            // change of the active set, counted here once.
+            let opened = state.meta.active_subscriptions.len() as f64 - active_before as f64;
+            if opened != 0.0 {
+                ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).increment(opened);
             }
             if durability == Durability::Background {
                 let (store, group_id) = (self.store.clone(), group_id.to_owned());
