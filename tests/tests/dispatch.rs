@@ -159,18 +159,23 @@ async fn a_call_cancelled_during_retries_stops_being_retried() {
     let tool = TestTool::start("t", &["op"]).await;
     tool.plan(&[Ack::RetryAfter(503, 1), Ack::Status(503), Ack::Status(503)]);
     let ferry = ferry_with(&tool, &["--max-backoff-ms", "2000"]).await;
-    let api = ferry.api();
+    cancel_during_retries_then_call_again(&ferry.api(), &tool).await;
+    assert_eq!(ferry.api().count("g", "c", "tool_result").await, 0);
+}
+
+/// Call `c` of thread `g` is cancelled after its first attempt, while it
+/// waits to retry; the thread's next call must then reach the tool (one at
+/// a time, in order: only once the cancelled call's dispatch ended), and
+/// `c` is not sent again.
+async fn cancel_during_retries_then_call_again(api: &ferry_tests::Api, tool: &TestTool) {
     api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
         .await;
     tool.next_invocation().await;
     assert_eq!(api.delete("/v1/threads/g/calls/c").await.0, 200);
-    // The next call in the same thread is dispatched only after the
-    // cancelled one's dispatch ended (one at a time, in order).
     api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "next"}))
         .await;
     assert_eq!(tool.next_invocation().await.invocation.id, "next");
     assert_eq!(tool.invocations().iter().filter(|i| i.id == "c").count(), 1);
-    assert_eq!(api.count("g", "c", "tool_result").await, 0);
 }
 
 /// A cancel frees the thread at once, not after the rest of the wait the
@@ -182,15 +187,7 @@ async fn a_cancel_during_a_long_retry_after_frees_the_thread() {
     let tool = TestTool::start("t", &["op"]).await;
     tool.plan(&[Ack::RetryAfter(429, 120)]);
     let ferry = ferry_with(&tool, &[]).await;
-    let api = ferry.api();
-    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
-        .await;
-    tool.next_invocation().await;
-    assert_eq!(api.delete("/v1/threads/g/calls/c").await.0, 200);
-    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "next"}))
-        .await;
-    assert_eq!(tool.next_invocation().await.invocation.id, "next");
-    assert_eq!(tool.invocations().iter().filter(|i| i.id == "c").count(), 1);
+    cancel_during_retries_then_call_again(&ferry.api(), &tool).await;
 }
 
 /// A tool asking for a long wait must not hold up another tool: a call

@@ -436,14 +436,7 @@ async fn health_metrics_and_unknown_routes() {
     assert_eq!(health["status"], "ok");
 
     completed(&api, &tool, "g", "c1").await;
-    let response = api
-        .client
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let metrics = response.text().await.unwrap();
+    let metrics = metrics(&api).await;
     let accepted = sample(&metrics, "ferry_calls_accepted_total", "");
     assert_eq!(accepted, Some(1.0), "{metrics}");
     let callbacks = sample(&metrics, "ferry_callbacks_total", "tool_result");
@@ -458,18 +451,21 @@ async fn health_metrics_and_unknown_routes() {
     );
 }
 
-/// `ferry_active_subscriptions` now, from `/metrics`.
-async fn active_subscriptions(api: &Api) -> Option<f64> {
-    let metrics = api
+/// The `/metrics` page (which must answer 200).
+async fn metrics(api: &Api) -> String {
+    let response = api
         .client
         .get(format!("{}/metrics", api.base))
         .send()
         .await
-        .unwrap()
-        .text()
-        .await
         .unwrap();
-    sample(&metrics, "ferry_active_subscriptions", "")
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
+/// `ferry_active_subscriptions` now, from `/metrics`.
+async fn active_subscriptions(api: &Api) -> Option<f64> {
+    sample(&metrics(api).await, "ferry_active_subscriptions", "")
 }
 
 /// The gauge goes down however a subscription ends: a cancel of the
