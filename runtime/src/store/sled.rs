@@ -5,8 +5,10 @@
 //! - `log` — thread key ++ last sequence number (big-endian) → the
 //!   command's [`Commit`]. A thread's commits sort in order, so its last
 //!   commit is its current metadata and a range scan reads its events.
-//! - `calls` — call key → the call's record, copied when its thread moves
-//!   on (the rule is in `store::log`).
+//! - `calls` — call key → where the call's record is when its thread moves
+//!   on (the rule is in `store::log`): the sequence number of the commit
+//!   that last carried it. Earlier versions kept a copy of the record
+//!   itself; both are read.
 //! - `toolsets` — `name\0version` → the stored toolset.
 //!
 //! Why one key per command: a single-key insert is atomic, so a command
@@ -248,9 +250,42 @@ impl SledStore {
     /// older).
     fn copy(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
         match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
-            Some(bytes) => decode(&bytes).map(Some),
+            Some(bytes) => match Moved::of(&bytes)? {
+                Moved::At(seq) => self.carried(group_id, id, seq, &mut None).map(Some),
+                Moved::Record(call) => Ok(Some(*call)),
+            },
             None => Ok(None),
         }
+    }
+
+    /// The call's record in the thread's commit `seq`, which carries it.
+    /// `read` keeps the last commit read, for callers resolving many calls.
+    fn carried(
+        &self,
+        group_id: &str,
+        id: &str,
+        seq: u64,
+        read: &mut Option<(u64, CommitCalls)>,
+    ) -> Result<CallRecord, Error> {
+        if read.as_ref().is_none_or(|(at, _)| *at != seq) {
+            let bytes = self
+                .log
+                .get(keys::commit(group_id, seq))
+                .map_err(backend)?
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "call {id:?} points to commit {seq}, which is missing"
+                    ))
+                })?;
+            *read = Some((seq, decode(&bytes)?));
+        }
+        let (_, commit) = read.as_ref().expect("read above");
+        commit
+            .calls
+            .iter()
+            .find(|c| c.id == id)
+            .cloned()
+            .ok_or_else(|| Error::Corrupt(format!("commit {seq} does not carry call {id:?}")))
     }
 
     fn current_call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
@@ -284,9 +319,11 @@ impl SledStore {
             // is only held, it goes in first, on its own.
             self.settle_held(group_id)?;
         }
+        // Where they are now: the last commit, which carries them.
+        let at = encode(&last.as_ref().map_or(0, |l| l.meta.last_seq));
         for call in moved {
             self.calls
-                .insert(keys::call(group_id, &call.id), encode(call))
+                .insert(keys::call(group_id, &call.id), at.as_slice())
                 .map_err(backend)?;
         }
         let mut commit = Commit::of(&write);
@@ -437,6 +474,29 @@ fn last_commits(log: &sled::Tree) -> impl Iterator<Item = Result<Commit, Error>>
         })();
         next.transpose()
     })
+}
+
+/// What the `calls` tree holds for a call its thread moved on from.
+enum Moved {
+    /// The sequence number (key) of the commit that last carried it.
+    At(u64),
+    /// The record itself, as earlier versions kept it.
+    Record(Box<CallRecord>),
+}
+
+impl Moved {
+    fn of(bytes: &[u8]) -> Result<Self, Error> {
+        match decode::<u64>(bytes) {
+            Ok(seq) => Ok(Moved::At(seq)),
+            Err(_) => decode(bytes).map(|call| Moved::Record(Box::new(call))),
+        }
+    }
+}
+
+/// Only a commit's calls: what resolving a call's pointer needs.
+#[derive(serde::Deserialize)]
+struct CommitCalls {
+    calls: Vec<CallRecord>,
 }
 
 fn without_events(commit: Commit) -> Commit {
@@ -606,8 +666,19 @@ impl Store for SledStore {
 
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
         let mut out: HashMap<String, CallRecord> = HashMap::new();
-        for value in self.calls.scan_prefix(keys::thread(group_id)).values() {
-            let call: CallRecord = decode(&value.map_err(backend)?)?;
+        // Calls that moved on together point to the same commit: read once.
+        let mut read = None;
+        let thread = keys::thread(group_id);
+        for entry in self.calls.scan_prefix(&thread) {
+            let (key, value) = entry.map_err(backend)?;
+            let call = match Moved::of(&value)? {
+                Moved::Record(call) => *call,
+                Moved::At(seq) => {
+                    let id = std::str::from_utf8(&key[thread.len()..])
+                        .map_err(|_| Error::Corrupt("call key".into()))?;
+                    self.carried(group_id, id, seq, &mut read)?
+                }
+            };
             out.insert(call.id.clone(), call);
         }
         // The last commit's calls may have no copy yet, or an older one.
@@ -1071,6 +1142,51 @@ mod tests {
             .collect();
         threads.sort();
         assert_eq!(threads, [("g".into(), 3), ("h".into(), 1)]);
+    }
+
+    /// A call its thread moved on from is found through the sequence number
+    /// of the commit that carries it; a copy of the whole record, as earlier
+    /// versions kept, is still read; a pointer to a commit without the call
+    /// is corruption, not a missing call.
+    #[tokio::test]
+    async fn a_moved_call_is_found_through_its_commit_or_an_old_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        commit(&store, "g", 2, &[with_status("a", CallStatus::Completed)]).await;
+        commit(&store, "g", 3, &[with_status("b", CallStatus::Queued)]).await;
+        let pointer = store.calls.get(keys::call("g", "a")).unwrap().unwrap();
+        assert_eq!(decode::<u64>(&pointer).unwrap(), 2);
+        assert!(pointer.len() < 10, "a pointer, not a record");
+        assert_eq!(
+            store.copy("g", "a").unwrap().unwrap().status,
+            CallStatus::Completed
+        );
+
+        let old = with_status("old", CallStatus::Failed);
+        let record = rmp_serde::to_vec_named(&old).unwrap();
+        store.calls.insert(keys::call("g", "old"), record).unwrap();
+        assert_eq!(store.copy("g", "old").unwrap(), Some(old));
+        let mut ids: Vec<_> = store
+            .calls("g")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        ids.sort();
+        assert_eq!(ids, ["a", "b", "old"]);
+
+        store
+            .calls
+            .insert(keys::call("g", "lost"), encode(&1u64))
+            .unwrap();
+        assert!(matches!(store.copy("g", "lost"), Err(Error::Corrupt(_))));
+        store
+            .calls
+            .insert(keys::call("g", "gone"), encode(&9u64))
+            .unwrap();
+        assert!(matches!(store.copy("g", "gone"), Err(Error::Corrupt(_))));
     }
 
     #[test]
