@@ -3,11 +3,12 @@
 //! calls the command loaded (as they are after it).
 //!
 //! A call's latest record is in the thread's *last* commit if that commit
-//! carries it, else in a copy kept beside the log. Before a writer appends
-//! commit N+1, it copies the calls of commit N that N+1 does not carry
-//! ([`Commit::moved_on`]), so the copies lag only for the last commit's
-//! calls, and readers take the last commit's version over a copy. A call
-//! touched by consecutive commits (a call's usual life: accepted,
+//! carries it, else in a copy kept beside the log (the sled store keeps a
+//! pointer to commit N instead, which holds the same record). Before a
+//! writer appends commit N+1, it copies the calls of commit N that N+1 does
+//! not carry ([`Commit::moved_on`]), so the copies lag only for the last
+//! commit's calls, and readers take the last commit's version over a copy.
+//! A call touched by consecutive commits (a call's usual life: accepted,
 //! dispatched, answered) is copied once, when the thread moves on.
 
 use std::collections::HashMap;
