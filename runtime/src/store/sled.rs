@@ -804,6 +804,19 @@ mod tests {
         store.publish(g, seq);
     }
 
+    /// The ids of the thread's calls, sorted.
+    async fn call_ids(store: &SledStore, g: &str) -> Vec<String> {
+        let mut ids: Vec<_> = store
+            .calls(g)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
     fn with_status(id: &str, status: CallStatus) -> CallRecord {
         CallRecord { status, ..call(id) }
     }
@@ -1111,15 +1124,7 @@ mod tests {
         assert_eq!(state.calls["a"].status, CallStatus::Completed);
         assert_eq!(state.calls["b"].status, CallStatus::Queued);
         assert!(!state.calls.contains_key("x"));
-        let mut ids: Vec<_> = store
-            .calls("g")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.id)
-            .collect();
-        ids.sort();
-        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(call_ids(&store, "g").await, ["a", "b"]);
         let events: Vec<u64> = store
             .events("g", 1, 10)
             .await
@@ -1167,15 +1172,7 @@ mod tests {
         let record = rmp_serde::to_vec_named(&old).unwrap();
         store.calls.insert(keys::call("g", "old"), record).unwrap();
         assert_eq!(store.copy("g", "old").unwrap(), Some(old));
-        let mut ids: Vec<_> = store
-            .calls("g")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.id)
-            .collect();
-        ids.sort();
-        assert_eq!(ids, ["a", "b", "old"]);
+        assert_eq!(call_ids(&store, "g").await, ["a", "b", "old"]);
 
         store
             .calls
