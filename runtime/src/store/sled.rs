@@ -251,7 +251,9 @@ impl SledStore {
     fn copy(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
         match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
             Some(bytes) => match Moved::of(&bytes)? {
-                Moved::At(seq) => self.carried(group_id, id, seq, &mut None).map(Some),
+                Moved::At(seq) => self
+                    .carried(group_id, id, seq, &mut HashMap::new())
+                    .map(Some),
                 Moved::Record(call) => Ok(Some(*call)),
             },
             None => Ok(None),
@@ -259,15 +261,15 @@ impl SledStore {
     }
 
     /// The call's record in the thread's commit `seq`, which carries it.
-    /// `read` keeps the last commit read, for callers resolving many calls.
+    /// `read` keeps the commits read, for callers resolving many calls.
     fn carried(
         &self,
         group_id: &str,
         id: &str,
         seq: u64,
-        read: &mut Option<(u64, CommitCalls)>,
+        read: &mut HashMap<u64, CommitCalls>,
     ) -> Result<CallRecord, Error> {
-        if read.as_ref().is_none_or(|(at, _)| *at != seq) {
+        if !read.contains_key(&seq) {
             let bytes = self
                 .log
                 .get(keys::commit(group_id, seq))
@@ -277,10 +279,9 @@ impl SledStore {
                         "call {id:?} points to commit {seq}, which is missing"
                     ))
                 })?;
-            *read = Some((seq, decode(&bytes)?));
+            read.insert(seq, decode(&bytes)?);
         }
-        let (_, commit) = read.as_ref().expect("read above");
-        commit
+        read[&seq]
             .calls
             .iter()
             .find(|c| c.id == id)
@@ -320,7 +321,7 @@ impl SledStore {
             self.settle_held(group_id)?;
         }
         // Where they are now: the last commit, which carries them.
-        let at = encode(&last.as_ref().map_or(0, |l| l.meta.last_seq));
+        let at = Moved::pointer(last.as_ref().map_or(0, |l| l.meta.last_seq));
         for call in moved {
             self.calls
                 .insert(keys::call(group_id, &call.id), at.as_slice())
@@ -485,10 +486,22 @@ enum Moved {
 }
 
 impl Moved {
+    /// A pointer is always 9 bytes, MessagePack's `uint 64` (`0xcf` and the
+    /// number, big-endian), never the shortest encoding: a small number is
+    /// one byte, and 123 would be `{`, which reads as JSON. A record (a
+    /// map) never has this shape.
+    fn pointer(seq: u64) -> [u8; 9] {
+        let mut bytes = [0xcf; 9];
+        bytes[1..].copy_from_slice(&seq.to_be_bytes());
+        bytes
+    }
+
     fn of(bytes: &[u8]) -> Result<Self, Error> {
-        match decode::<u64>(bytes) {
-            Ok(seq) => Ok(Moved::At(seq)),
-            Err(_) => decode(bytes).map(|call| Moved::Record(Box::new(call))),
+        match bytes {
+            [0xcf, seq @ ..] if seq.len() == 8 => Ok(Moved::At(u64::from_be_bytes(
+                seq.try_into().expect("8 bytes"),
+            ))),
+            _ => decode(bytes).map(|call| Moved::Record(Box::new(call))),
         }
     }
 }
@@ -667,7 +680,7 @@ impl Store for SledStore {
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
         let mut out: HashMap<String, CallRecord> = HashMap::new();
         // Calls that moved on together point to the same commit: read once.
-        let mut read = None;
+        let mut read = HashMap::new();
         let thread = keys::thread(group_id);
         for entry in self.calls.scan_prefix(&thread) {
             let (key, value) = entry.map_err(backend)?;
@@ -1149,6 +1162,42 @@ mod tests {
         assert_eq!(threads, [("g".into(), 3), ("h".into(), 1)]);
     }
 
+    /// Every pointer reads back as the number it was written with, whatever
+    /// its first byte would be in the shortest encoding (123 is `{`).
+    #[test]
+    fn pointers_read_back_whatever_the_number() {
+        for seq in [0, 1, 123, 127, 128, 255, 65_535, u32::MAX as u64, u64::MAX] {
+            match Moved::of(&Moved::pointer(seq)) {
+                Ok(Moved::At(read)) => assert_eq!(read, seq),
+                _ => panic!("pointer to {seq} misread"),
+            }
+        }
+    }
+
+    /// A thread long enough that its pointers cross every one-byte
+    /// encoding (123 is `{` in the shortest one): each moved call reads
+    /// back, before and after a restart, alone and in the listing.
+    #[tokio::test]
+    async fn a_long_thread_reads_back_every_moved_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<String> = (1..=130).map(|seq| format!("c{seq:03}")).collect();
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            for (seq, id) in (1..).zip(&ids) {
+                commit(&store, "g", seq, &[with_status(id, CallStatus::Completed)]).await;
+            }
+            for id in &ids[..129] {
+                assert_eq!(store.copy("g", id).unwrap().unwrap().id, *id);
+            }
+        }
+        let store = reopen(dir.path()).await;
+        for id in &ids {
+            let state = store.load("g", &[id]).await.unwrap();
+            assert_eq!(state.calls[id].status, CallStatus::Completed, "{id}");
+        }
+        assert_eq!(call_ids(&store, "g").await, ids);
+    }
+
     /// A call its thread moved on from is found through the sequence number
     /// of the commit that carries it; a copy of the whole record, as earlier
     /// versions kept, is still read; a pointer to a commit without the call
@@ -1161,8 +1210,8 @@ mod tests {
         commit(&store, "g", 2, &[with_status("a", CallStatus::Completed)]).await;
         commit(&store, "g", 3, &[with_status("b", CallStatus::Queued)]).await;
         let pointer = store.calls.get(keys::call("g", "a")).unwrap().unwrap();
-        assert_eq!(decode::<u64>(&pointer).unwrap(), 2);
-        assert!(pointer.len() < 10, "a pointer, not a record");
+        assert_eq!(decode::<u64>(&pointer).unwrap(), 2, "MessagePack's u64");
+        assert_eq!(pointer.len(), 9, "a pointer, not a record");
         assert_eq!(
             store.copy("g", "a").unwrap().unwrap().status,
             CallStatus::Completed
@@ -1176,12 +1225,12 @@ mod tests {
 
         store
             .calls
-            .insert(keys::call("g", "lost"), encode(&1u64))
+            .insert(keys::call("g", "lost"), Moved::pointer(1).as_slice())
             .unwrap();
         assert!(matches!(store.copy("g", "lost"), Err(Error::Corrupt(_))));
         store
             .calls
-            .insert(keys::call("g", "gone"), encode(&9u64))
+            .insert(keys::call("g", "gone"), Moved::pointer(9).as_slice())
             .unwrap();
         assert!(matches!(store.copy("g", "gone"), Err(Error::Corrupt(_))));
     }
