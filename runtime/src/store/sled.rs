@@ -269,19 +269,22 @@ impl SledStore {
         seq: u64,
         read: &mut HashMap<u64, CommitCalls>,
     ) -> Result<CallRecord, Error> {
-        if !read.contains_key(&seq) {
-            let bytes = self
-                .log
-                .get(keys::commit(group_id, seq))
-                .map_err(backend)?
-                .ok_or_else(|| {
-                    Error::Corrupt(format!(
-                        "call {id:?} points to commit {seq}, which is missing"
-                    ))
-                })?;
-            read.insert(seq, decode(&bytes)?);
-        }
-        read[&seq]
+        let commit = match read.entry(seq) {
+            std::collections::hash_map::Entry::Occupied(read) => read.into_mut(),
+            std::collections::hash_map::Entry::Vacant(unread) => {
+                let bytes = self
+                    .log
+                    .get(keys::commit(group_id, seq))
+                    .map_err(backend)?
+                    .ok_or_else(|| {
+                        Error::Corrupt(format!(
+                            "call {id:?} points to commit {seq}, which is missing"
+                        ))
+                    })?;
+                unread.insert(decode(&bytes)?)
+            }
+        };
+        commit
             .calls
             .iter()
             .find(|c| c.id == id)
