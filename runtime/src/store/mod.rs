@@ -116,7 +116,9 @@ pub struct Write<'a> {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// The thread's metadata and the named calls (those that exist).
+    /// The thread's metadata and the named calls (those that exist), for
+    /// a command about to write: callers serialise these per thread, as
+    /// writes (the sled store caches what it loads on that ground).
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
 
     /// Appends events and writes the state they fold into, atomically. Not

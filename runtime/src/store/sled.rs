@@ -207,8 +207,20 @@ impl SledStore {
         })
     }
 
-    /// The thread's last commit (its events left out).
+    /// The thread's last commit (its events left out), for a reader that
+    /// does not hold the engine's lock on the thread.
     fn last_commit(&self, group_id: &str) -> Result<Option<Arc<Commit>>, Error> {
+        self.find_last(group_id, false)
+    }
+
+    /// [`SledStore::last_commit`] for a caller holding the engine's lock on
+    /// the thread (`load`, `append`): no write to it can run meanwhile, so
+    /// what it finds is current and is cached.
+    fn last_commit_locked(&self, group_id: &str) -> Result<Option<Arc<Commit>>, Error> {
+        self.find_last(group_id, true)
+    }
+
+    fn find_last(&self, group_id: &str, locked: bool) -> Result<Option<Arc<Commit>>, Error> {
         if let Some(last) = self.last.lock().expect("cache lock").get(group_id) {
             return Ok(Some(last.clone()));
         }
@@ -216,14 +228,14 @@ impl SledStore {
         // dropped it, this must not.
         if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
             let last = Arc::new(without_events(held.clone()));
-            return Ok(Some(self.remember_read(group_id, last)));
+            return Ok(Some(self.remember_read(group_id, last, locked)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
         };
         let (_, value) = entry.map_err(backend)?;
         let last = Arc::new(without_events(decode(&value)?));
-        Ok(Some(self.remember_read(group_id, last)))
+        Ok(Some(self.remember_read(group_id, last, locked)))
     }
 
     /// Caches a writer's new last commit.
@@ -234,15 +246,20 @@ impl SledStore {
             .put(group_id.to_owned(), last);
     }
 
-    /// Caches what a reader found, unless a writer cached a newer commit
-    /// meanwhile (readers do not take the engine's lock); returns the
-    /// cached one.
-    fn remember_read(&self, group_id: &str, found: Arc<Commit>) -> Arc<Commit> {
+    /// What a lookup found, or the newer commit a writer cached meanwhile.
+    /// Only a caller holding the engine's lock (`locked`) caches what it
+    /// found: a lock-free reader's find may be older than a write made
+    /// since, whose cache entry other threads' entries may already have
+    /// pushed out; cached, it would have the thread's next write reuse a
+    /// sequence number and overwrite a commit.
+    fn remember_read(&self, group_id: &str, found: Arc<Commit>, locked: bool) -> Arc<Commit> {
         let mut cache = self.last.lock().expect("cache lock");
         if let Some(newer) = cache.get(group_id) {
             return newer.clone();
         }
-        cache.put(group_id.to_owned(), found.clone());
+        if locked {
+            cache.put(group_id.to_owned(), found.clone());
+        }
         found
     }
 
@@ -310,7 +327,7 @@ impl SledStore {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(poisoned());
         }
-        let last = self.last_commit(group_id)?;
+        let last = self.last_commit_locked(group_id)?;
         if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
             return Err(Error::Conflict(group_id.to_owned()));
         }
@@ -525,7 +542,7 @@ fn without_events(commit: Commit) -> Commit {
 #[async_trait]
 impl Store for SledStore {
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
-        let last = self.last_commit(group_id)?;
+        let last = self.last_commit_locked(group_id)?;
         Commit::state(last.as_deref(), group_id, call_ids, |id| {
             self.copy(group_id, id)
         })
@@ -924,6 +941,26 @@ mod tests {
         assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
     }
 
+    /// Only a load for a write (under the engine's lock) caches a thread's
+    /// last commit: a lock-free reader may have found it before a write
+    /// whose own entry was evicted since, and the next write would then
+    /// reuse a sequence number.
+    #[tokio::test]
+    async fn only_locked_loads_cache_what_they_find() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open_caching(dir.path(), 1).unwrap();
+        commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+        commit(&store, "other", 1, &[]).await;
+        let cached = |store: &SledStore| store.last.lock().unwrap().peek("g").is_some();
+        assert!(!cached(&store), "evicted");
+        assert_eq!(store.thread("g").await.unwrap().unwrap().last_seq, 1);
+        assert_eq!(store.call("g", "a").await.unwrap().unwrap().id, "a");
+        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1]);
+        assert!(!cached(&store), "lock-free reads leave the cache alone");
+        assert_eq!(store.load("g", &["a"]).await.unwrap().meta.last_seq, 1);
+        assert!(cached(&store), "a load for a write caches");
+    }
+
     /// A call's copy is never newer than the log: moving on from a call
     /// that only a held commit carries writes that commit first.
     #[tokio::test]
@@ -973,7 +1010,9 @@ mod tests {
             })
         };
         store.remember("g", at(2));
-        assert_eq!(store.remember_read("g", at(1)).meta.last_seq, 2);
+        for locked in [false, true] {
+            assert_eq!(store.remember_read("g", at(1), locked).meta.last_seq, 2);
+        }
         assert_eq!(store.last_commit("g").unwrap().unwrap().meta.last_seq, 2);
     }
 
