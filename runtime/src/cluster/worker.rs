@@ -141,8 +141,11 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
     }
     // A plain ack, not a double one: waiting for NATS to confirm it cost a
     // round trip per message (about 10% of a call's CPU at 64 callers), and
-    // a lost ack only brings the request back after the ack deadline, where
-    // its id finds it already applied.
+    // the confirmation changed nothing (a failed ack was only logged). A
+    // lost ack brings the request back after the ack deadline, as a worker
+    // dying here would: a command that wrote finds its commit id already
+    // applied; one that was refused or wrote nothing is answered again and
+    // changes nothing.
     if let Err(e) = message.ack().await {
         warn!(error = %e, "acking a request failed; it may be applied again");
     }
