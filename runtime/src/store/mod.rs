@@ -117,8 +117,10 @@ pub struct Write<'a> {
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The thread's metadata and the named calls (those that exist), for
-    /// a command about to write: callers serialise these per thread, as
-    /// writes (the sled store caches what it loads on that ground).
+    /// a command about to write: the engine calls it under its lock on the
+    /// thread, and the sled store caches what it loads on that ground.
+    /// (The one exception, the re-read after `AlreadyApplied`, happens
+    /// only with the JetStream store, which caches nothing this way.)
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
 
     /// Appends events and writes the state they fold into, atomically. Not

@@ -73,9 +73,11 @@ pub struct SledStore {
     /// durable sequence number. Readers never see past it, so an event that
     /// a crash could still take back is never shown to an agent.
     tips: Arc<Mutex<HashMap<String, Tip>>>,
-    /// The last commit of recently written or read threads, without its
-    /// events: what every command loads and every write checks against.
-    /// Only this process writes the store, so it never goes stale.
+    /// The last commit of threads recently written or loaded for a write,
+    /// without its events: what every command loads and every write checks
+    /// against. Only this process writes the store, and only callers
+    /// holding the engine's lock on a thread fill its entry
+    /// ([`SledStore::remember_read`]), so it never goes stale.
     last: Mutex<LruCache<String, Arc<Commit>>>,
     /// Every thread's unsettled calls, as `(group_id, id)`.
     unsettled: Mutex<BTreeSet<(String, String)>>,
@@ -227,14 +229,23 @@ impl SledStore {
         // A held commit is newer than anything in sled: the cache may have
         // dropped it, this must not.
         if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
-            let last = Arc::new(without_events(held.clone()));
+            let last = Arc::new(Commit {
+                meta: held.meta.clone(),
+                calls: held.calls.clone(),
+                events: vec![],
+            });
             return Ok(Some(self.remember_read(group_id, last, locked)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
         };
         let (_, value) = entry.map_err(backend)?;
-        let last = Arc::new(without_events(decode(&value)?));
+        let CommitHead { meta, calls } = decode(&value)?;
+        let last = Arc::new(Commit {
+            meta,
+            calls,
+            events: vec![],
+        });
         Ok(Some(self.remember_read(group_id, last, locked)))
     }
 
@@ -284,7 +295,7 @@ impl SledStore {
         group_id: &str,
         id: &str,
         seq: u64,
-        read: &mut HashMap<u64, CommitCalls>,
+        read: &mut HashMap<u64, CommitHead>,
     ) -> Result<CallRecord, Error> {
         let commit = match read.entry(seq) {
             std::collections::hash_map::Entry::Occupied(read) => read.into_mut(),
@@ -526,17 +537,12 @@ impl Moved {
     }
 }
 
-/// Only a commit's calls: what resolving a call's pointer needs.
+/// A commit without its events, which decoding skips: what a thread's last
+/// commit is kept as, and what resolving a call's pointer needs.
 #[derive(serde::Deserialize)]
-struct CommitCalls {
+struct CommitHead {
+    meta: ThreadMeta,
     calls: Vec<CallRecord>,
-}
-
-fn without_events(commit: Commit) -> Commit {
-    Commit {
-        events: vec![],
-        ..commit
-    }
 }
 
 #[async_trait]
