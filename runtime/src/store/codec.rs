@@ -29,10 +29,13 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     if packed.len() < COMPRESS_FROM {
         return packed;
     }
-    let mut compressed =
-        Vec::with_capacity(1 + 4 + lz4_flex::block::get_maximum_output_size(packed.len()));
-    compressed.push(COMPRESSED);
-    compressed.extend_from_slice(&lz4_flex::compress_prepend_size(&packed));
+    // Marker, length, block, compressed straight into place.
+    let mut compressed = vec![0; 5 + lz4_flex::block::get_maximum_output_size(packed.len())];
+    compressed[0] = COMPRESSED;
+    compressed[1..5].copy_from_slice(&(packed.len() as u32).to_le_bytes());
+    let block = lz4_flex::block::compress_into(&packed, &mut compressed[5..])
+        .expect("sized for the worst case");
+    compressed.truncate(5 + block);
     if compressed.len() < packed.len() {
         compressed
     } else {

@@ -34,12 +34,39 @@ pub(crate) struct CommitEvents {
     pub events: Vec<Event>,
 }
 
+/// A commit without its events, which decoding skips: what a thread's last
+/// commit is kept as, and what finding a call in a commit needs.
+#[derive(Deserialize)]
+pub(crate) struct CommitHead {
+    pub meta: ThreadMeta,
+    pub calls: Vec<CallRecord>,
+}
+
+impl From<CommitHead> for Commit {
+    fn from(head: CommitHead) -> Self {
+        Self {
+            meta: head.meta,
+            calls: head.calls,
+            events: vec![],
+        }
+    }
+}
+
 impl Commit {
     pub fn of(write: &Write<'_>) -> Self {
         Self {
             meta: write.state.meta.clone(),
             calls: write.state.calls.values().cloned().collect(),
             events: write.events.to_vec(),
+        }
+    }
+
+    /// This commit without its events.
+    pub fn head(&self) -> Self {
+        Self {
+            meta: self.meta.clone(),
+            calls: self.calls.clone(),
+            events: vec![],
         }
     }
 

@@ -35,12 +35,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use ferry_proto::api::Event;
 use lru::LruCache;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{hash_map::Entry, BTreeSet, HashMap, VecDeque};
 use tokio::sync::watch;
 
 use super::codec::{decode, encode};
 use super::commit::GroupCommit;
-use super::log::{Commit, CommitEvents};
+use super::log::{Commit, CommitEvents, CommitHead};
 use super::{keys, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
@@ -229,23 +229,14 @@ impl SledStore {
         // A held commit is newer than anything in sled: the cache may have
         // dropped it, this must not.
         if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
-            let last = Arc::new(Commit {
-                meta: held.meta.clone(),
-                calls: held.calls.clone(),
-                events: vec![],
-            });
+            let last = Arc::new(held.head());
             return Ok(Some(self.remember_read(group_id, last, locked)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
         };
         let (_, value) = entry.map_err(backend)?;
-        let CommitHead { meta, calls } = decode(&value)?;
-        let last = Arc::new(Commit {
-            meta,
-            calls,
-            events: vec![],
-        });
+        let last = Arc::new(Commit::from(decode::<CommitHead>(&value)?));
         Ok(Some(self.remember_read(group_id, last, locked)))
     }
 
@@ -298,8 +289,8 @@ impl SledStore {
         read: &mut HashMap<u64, CommitHead>,
     ) -> Result<CallRecord, Error> {
         let commit = match read.entry(seq) {
-            std::collections::hash_map::Entry::Occupied(read) => read.into_mut(),
-            std::collections::hash_map::Entry::Vacant(unread) => {
+            Entry::Occupied(read) => read.into_mut(),
+            Entry::Vacant(unread) => {
                 let bytes = self
                     .log
                     .get(keys::commit(group_id, seq))
@@ -535,14 +526,6 @@ impl Moved {
             _ => decode(bytes).map(|call| Moved::Record(Box::new(call))),
         }
     }
-}
-
-/// A commit without its events, which decoding skips: what a thread's last
-/// commit is kept as, and what resolving a call's pointer needs.
-#[derive(serde::Deserialize)]
-struct CommitHead {
-    meta: ThreadMeta,
-    calls: Vec<CallRecord>,
 }
 
 #[async_trait]
