@@ -570,7 +570,7 @@ async fn bad_input_is_refused_on_every_node_and_changes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_result_nats_could_not_carry_is_refused_and_holds_nothing_back() {
+async fn a_result_nats_could_not_carry_ends_its_call_and_holds_nothing_back() {
     let c = Cluster::start(1).await;
     let a = c.a.api();
     let url = path_of(&c.dispatched(&a, "g", "c1").await);
@@ -583,17 +583,33 @@ async fn a_result_nats_could_not_carry_is_refused_and_holds_nothing_back() {
     let (status, body) = a.post(&url, &big).await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
-    assert_eq!(a.count("g", "c1", "tool_result").await, 0);
+    // Tools do not retry a 4xx (rap-3): the call ends with an error result
+    // in its place rather than waiting forever.
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("with an error result saying so"),
+        "{message}"
+    );
+    a.wait_for("g", "c1", "tool_result").await;
+    let (_, call) = c.b.api().call("g", "c1").await;
+    assert_eq!(call["result"]["is_error"], true, "{call}");
+    let said = call["result"]["text"].as_str().unwrap();
+    assert!(
+        said.starts_with("Error: the tool's result was larger"),
+        "{said}"
+    );
     // Nothing waits behind it: a result NATS can carry lands at once.
+    let url = path_of(&c.dispatched(&a, "g", "c2").await);
     let fits = "y".repeat(200_000);
-    let (status, body) = a.post(&url, &result("g", "c1", &fits)).await;
+    let (status, body) = a.post(&url, &result("g", "c2", &fits)).await;
     assert_eq!(
         (status, body["status"].as_str()),
         (200, Some("applied")),
         "{body}"
     );
-    let (_, call) = c.b.api().call("g", "c1").await;
+    let (_, call) = c.b.api().call("g", "c2").await;
     assert_eq!(call["result"]["text"].as_str().map(str::len), Some(200_000));
+    assert_eq!(a.count("g", "c1", "tool_result").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,6 +4,7 @@
 mod callback;
 mod invocation;
 mod notify;
+mod peek;
 mod toolset;
 
 pub use callback::{
@@ -12,4 +13,5 @@ pub use callback::{
 };
 pub use invocation::Invocation;
 pub use notify::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};
+pub use peek::Peek;
 pub use toolset::{Annotations, Manifest, ToolDef};

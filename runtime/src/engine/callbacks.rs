@@ -3,7 +3,7 @@
 //! machine (which dedupes and refuses what does not match).
 
 use ferry_proto::api::{CallStatus, EventKind};
-use ferry_proto::rap::Callback;
+use ferry_proto::rap::{Callback, Peek, ToolResult};
 use tracing::{info, instrument, warn};
 
 use super::{Engine, Error};
@@ -47,6 +47,46 @@ impl Engine {
             }
         }
         Ok((group_id, id, callback))
+    }
+
+    /// The `tool_result` that ends a call whose real result was refused for
+    /// its size (`body` is as much of it as was read; `limit`, the size
+    /// refused, when known): RAP tools do not retry a 4xx, so without it
+    /// the call would wait forever. `None` unless the token is genuine and
+    /// the body's start shows a `tool_result` naming the token's call:
+    /// anything else (a `subscription_event`, a body whose `type` comes
+    /// after the cut) is only refused, as before.
+    pub fn result_refused_for_size(
+        &self,
+        token: &str,
+        body: &[u8],
+        limit: Option<usize>,
+    ) -> Option<Vec<u8>> {
+        let (group_id, id) = self.caps.open(token).ok()?;
+        let peek = Peek::of(body);
+        let names = |field: &Option<String>, ours: &str| field.as_deref().is_none_or(|f| f == ours);
+        if peek.kind.as_deref() != Some("tool_result")
+            || !names(&peek.group_id, &group_id)
+            || !names(&peek.id, &id)
+        {
+            return None;
+        }
+        let limit = limit.map_or(String::new(), |n| format!(" (at most {n} bytes)"));
+        warn!(group_id, call_id = %id, "a result too large to record ends its call with an error");
+        let result = Callback::ToolResult(ToolResult {
+            group_id,
+            id,
+            call_id: None,
+            text: Some(format!(
+                "Error: the tool's result was larger than this runtime accepts{limit}, so it \
+                 could not be recorded. Ask for a smaller result (fewer items, a narrower \
+                 range) and call the tool again."
+            )),
+            content: None,
+            display_as: None,
+            subscription: false,
+        });
+        Some(serde_json::to_vec(&result).expect("a callback serializes"))
     }
 
     async fn callback_inner(

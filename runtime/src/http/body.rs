@@ -17,7 +17,7 @@ const DRAIN_FACTOR: usize = 16;
 
 pub struct JsonBody<T>(pub T);
 
-fn too_large() -> ApiError {
+pub(super) fn too_large() -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "payload_too_large",
@@ -25,8 +25,31 @@ fn too_large() -> ApiError {
     )
 }
 
+/// Why a body was not read whole.
+pub enum BodyError {
+    /// Over the limit: its first `limit` bytes, or none when its declared
+    /// length was past what is drained.
+    TooLarge { prefix: Bytes },
+    /// Reading it failed.
+    Unreadable(ApiError),
+}
+
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge { .. } => too_large(),
+            BodyError::Unreadable(e) => e,
+        }
+    }
+}
+
 /// Reads the whole body if it fits in `limit` bytes.
 pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    Ok(read_body(req, limit).await?)
+}
+
+/// [`read_bytes`], keeping the start of a body over the limit.
+pub async fn read_body(req: Request, limit: usize) -> Result<Bytes, BodyError> {
     let declared = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -34,29 +57,34 @@ pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
         .and_then(|v| v.parse::<usize>().ok());
     let drain_limit = limit.saturating_mul(DRAIN_FACTOR);
     if declared.is_some_and(|n| n > drain_limit) {
-        return Err(too_large());
+        return Err(BodyError::TooLarge {
+            prefix: Bytes::new(),
+        });
     }
     let mut stream = req.into_body().into_data_stream();
     let mut body = Vec::with_capacity(declared.unwrap_or(0).min(limit));
     let mut seen = 0usize;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
-            ApiError::new(
+            BodyError::Unreadable(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 format!("reading the body: {e}"),
-            )
+            ))
         })?;
         seen += chunk.len();
         if seen > drain_limit {
             break;
         }
-        if seen <= limit {
-            body.extend_from_slice(&chunk);
+        if body.len() < limit {
+            let room = limit - body.len();
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
         }
     }
     if seen > limit {
-        return Err(too_large());
+        return Err(BodyError::TooLarge {
+            prefix: Bytes::from(body),
+        });
     }
     Ok(Bytes::from(body))
 }
