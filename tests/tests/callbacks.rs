@@ -602,90 +602,109 @@ async fn a_view_update_from_a_call_no_longer_open_changes_nothing() {
 /// A `tool_result` over the body limit (1 MiB by default) is refused 413,
 /// and "Tools retry callbacks on 5xx, not on 4xx" (rap-3): instead of
 /// waiting forever for a result the tool will not send again, the call
-/// ends with an error result that says why. Nothing else that large is
-/// recorded: not a `subscription_event`, not a body with a forged token
-/// or naming another call, not one whose `type` comes only past the limit.
+/// fails with an error result from Ferry that says why, and the tool is
+/// told the call is over. Nothing else that large is recorded: not a
+/// `subscription_event`, not a body with a forged token, naming another
+/// call or thread, or with a misshapen field, not a result for a call that
+/// was cancelled.
 #[tokio::test]
-async fn a_result_too_large_to_record_ends_its_call_with_an_error() {
+async fn a_result_too_large_to_record_fails_its_call_with_an_error() {
     let s = Setup::new().await;
     let api = s.api();
     let url = s.dispatched("g", "big").await;
     let other = s.dispatched("g", "other").await;
-    api.wait_for("g", "other", "call_dispatched").await;
+    let gone = s.dispatched("g", "gone").await;
+    assert_eq!(api.delete("/v1/threads/g/calls/gone").await.0, 200);
+    let told = json!({"thread_id": "g", "tool_call_id": "gone"});
+    assert_eq!(
+        s.tool.next_notice().await,
+        ("cancel_tool_call".into(), told)
+    );
     let text = "x".repeat(2 << 20);
-    // Tools write `type` first; so does this.
-    let oversized = |kind: &str, id_field: &str, id: &str| {
-        format!(r#"{{"type":"{kind}","group_id":"g","{id_field}":"{id}","text":"{text}"}}"#)
-            .into_bytes()
+    let oversized = |fields: Value| {
+        let mut body = fields;
+        body["text"] = json!(text);
+        // Keys sorted, as serde_json and Go's maps write them: `type` comes
+        // after the 2 MiB of `text`.
+        body.to_string().into_bytes()
     };
     let (prefix, _) = url.rsplit_once('/').unwrap();
     let forged = format!(
         "{prefix}/{}",
         Capabilities::new(b"another-secret-entirely").mint("g", "big")
     );
-    let type_last =
-        format!(r#"{{"group_id":"g","id":"big","text":"{text}","type":"tool_result"}}"#);
+    let tool_result = json!({"type": "tool_result", "group_id": "g", "id": "big"});
     let before = api.events("g", 0).await;
     let refused_alone = [
         (
             "a subscription_event",
             url.clone(),
-            oversized("subscription_event", "tool_call_id", "big"),
+            json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "big"}),
+        ),
+        ("a forged token", forged, tool_result.clone()),
+        ("another call's token", other.clone(), tool_result.clone()),
+        (
+            "another thread",
+            url.clone(),
+            json!({"type": "tool_result", "group_id": "h", "id": "big"}),
         ),
         (
-            "a forged token",
-            forged,
-            oversized("tool_result", "id", "big"),
+            "a misshapen group_id",
+            url.clone(),
+            json!({"type": "tool_result", "group_id": 7, "id": "big"}),
         ),
         (
-            "a body naming another call",
-            other.clone(),
-            oversized("tool_result", "id", "big"),
+            "no id",
+            url.clone(),
+            json!({"type": "tool_result", "group_id": "g"}),
         ),
-        ("type past the limit", url.clone(), type_last.into_bytes()),
+        (
+            "a cancelled call",
+            gone,
+            json!({"type": "tool_result", "group_id": "g", "id": "gone"}),
+        ),
     ];
-    for (case, to, body) in refused_alone {
-        let (status, answer) = api.post_raw(&to, body).await;
+    for (case, to, fields) in refused_alone {
+        let (status, answer) = api.post_raw(&to, oversized(fields)).await;
         assert_eq!(status, 413, "{case}: {answer}");
         assert_eq!(answer["error"]["code"], "payload_too_large", "{case}");
-        assert!(
-            !answer["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("error result"),
-            "{case}: {answer}"
-        );
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("error result"), "{case}: {message}");
     }
     assert_eq!(api.events("g", 0).await, before, "nothing recorded");
 
-    let (status, answer) = api
-        .post_raw(&url, oversized("tool_result", "id", "big"))
-        .await;
+    let (status, answer) = api.post_raw(&url, oversized(tool_result.clone())).await;
     assert_eq!(status, 413, "{answer}");
     assert_eq!(answer["error"]["code"], "payload_too_large");
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(
-        message.ends_with("the call ends with an error result saying so"),
+        message.ends_with("the call failed with an error result saying so"),
         "{message}"
     );
     let (_, call) = api.call("g", "big").await;
-    assert_eq!(call["status"], "completed", "{call}");
+    assert_eq!(call["status"], "failed", "{call}");
     assert_eq!(call["result"]["is_error"], true, "{call}");
-    let said = call["result"]["text"].as_str().unwrap();
+    let said = call["result"]["text"].as_str().unwrap().to_owned();
     assert!(
         said.starts_with(
             "Error: the tool's result was larger than this runtime accepts (at most 1048576 bytes)"
         ),
         "{said}"
     );
-    // The other call still waits for its own result.
+    let told = json!({"thread_id": "g", "tool_call_id": "big"});
+    assert_eq!(
+        s.tool.next_notice().await,
+        ("cancel_tool_call".into(), told)
+    );
+    // The other calls are as they were.
     assert_eq!(api.call("g", "other").await.1["status"], "dispatched");
+    assert_eq!(api.call("g", "gone").await.1["status"], "cancelled");
 
     // Sent again, that large or not, it changes nothing: one result.
-    let (status, answer) = api
-        .post_raw(&url, oversized("tool_result", "id", "big"))
-        .await;
+    let (status, answer) = api.post_raw(&url, oversized(tool_result)).await;
     assert_eq!(status, 413, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(!message.contains("error result"), "{message}");
     let (status, answer) = api.post(&url, &result("g", "big", "small")).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(api.count("g", "big", "tool_result").await, 1);

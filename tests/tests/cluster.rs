@@ -583,8 +583,8 @@ async fn a_result_nats_could_not_carry_ends_its_call_and_holds_nothing_back() {
     let (status, body) = a.post(&url, &big).await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
-    // Tools do not retry a 4xx (rap-3): the call ends with an error result
-    // in its place rather than waiting forever.
+    // Tools do not retry a 4xx (rap-3): the call fails with an error
+    // result in its place rather than waiting forever, and the tool is told.
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("with an error result saying so"),
@@ -592,7 +592,13 @@ async fn a_result_nats_could_not_carry_ends_its_call_and_holds_nothing_back() {
     );
     a.wait_for("g", "c1", "tool_result").await;
     let (_, call) = c.b.api().call("g", "c1").await;
+    assert_eq!(call["status"], "failed", "{call}");
     assert_eq!(call["result"]["is_error"], true, "{call}");
+    let told = json!({"thread_id": "g", "tool_call_id": "c1"});
+    assert_eq!(
+        c.tool.next_notice().await,
+        ("cancel_tool_call".into(), told)
+    );
     let said = call["result"]["text"].as_str().unwrap();
     assert!(
         said.starts_with("Error: the tool's result was larger"),

@@ -6,8 +6,9 @@
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
 
-/// The top-level fields of a callback found before its body was cut off.
+/// The top-level fields of a callback, as far as its body could be read.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Peek {
     /// `type`.
@@ -16,20 +17,31 @@ pub struct Peek {
     pub group_id: Option<String>,
     /// `id` (a `subscription_event` names its call `tool_call_id`).
     pub id: Option<String>,
+    /// One of those three was there but not a string: the body is no
+    /// callback, whatever else it says.
+    pub misshapen: bool,
 }
 
 impl Peek {
-    /// Reads the top-level string fields `type`, `group_id` and `id` from
-    /// `prefix`, the first bytes of a JSON object, as far as it goes. Other
-    /// values are skipped without being kept, so a large one costs no
-    /// memory; a field cut off, or one found only inside another value,
-    /// is not reported.
-    pub fn of(prefix: &[u8]) -> Self {
+    /// Reads the top-level fields `type`, `group_id` and `id` from `body`,
+    /// a JSON object, as far as it goes: other values are skipped without
+    /// being kept, so a large one costs no memory. A field cut off, or one
+    /// found only inside another value, is not reported; of a field given
+    /// twice, the last counts (as when the body is parsed whole).
+    pub fn of(body: &[u8]) -> Self {
+        Self::read(&mut serde_json::Deserializer::from_slice(body))
+    }
+
+    /// [`Peek::of`] for a body read as it arrives, from a blocking thread.
+    pub fn from_reader(body: impl std::io::Read) -> Self {
+        Self::read(&mut serde_json::Deserializer::from_reader(body))
+    }
+
+    fn read<'de, R: serde_json::de::Read<'de>>(de: &mut serde_json::Deserializer<R>) -> Self {
         let mut found = Peek::default();
-        let mut de = serde_json::Deserializer::from_slice(prefix);
-        // The error is where the prefix ends (or the JSON goes wrong):
+        // The error is where the body ends (or the JSON goes wrong):
         // whatever was read before it stands.
-        let _ = Fields(&mut found).deserialize(&mut de);
+        let _ = Fields(&mut found).deserialize(de);
         found
     }
 }
@@ -63,11 +75,9 @@ impl<'de> Visitor<'de> for Fields<'_> {
                     continue;
                 }
             };
-            // A field of another type is left unreported, like a cut one.
-            if let Ok(text) = map.next_value::<String>() {
-                *slot = Some(text);
-            } else {
-                return Ok(());
+            match map.next_value::<Value>()? {
+                Value::String(text) => *slot = Some(text),
+                _ => self.0.misshapen = true,
             }
         }
         Ok(())
@@ -92,8 +102,35 @@ mod tests {
                 kind: Some("tool_result".into()),
                 group_id: Some("g".into()),
                 id: Some("c1".into()),
+                misshapen: false,
             }
         );
+    }
+
+    #[test]
+    fn fields_in_any_order_and_the_last_of_a_repeat_count() {
+        let body = format!(
+            r#"{{"group_id":"g","id":"c1","text":"{}","type":"tool_result"}}"#,
+            "x".repeat(100_000)
+        );
+        let found = Peek::from_reader(body.as_bytes());
+        assert_eq!(found.kind.as_deref(), Some("tool_result"));
+        assert_eq!(
+            (found.group_id.as_deref(), found.id.as_deref()),
+            (Some("g"), Some("c1"))
+        );
+        let found = Peek::of(br#"{"type":"oauth","type":"tool_result","\u0069d":"c1"}"#);
+        assert_eq!(found.kind.as_deref(), Some("tool_result"));
+        assert_eq!(found.id.as_deref(), Some("c1"), "keys are unescaped");
+    }
+
+    #[test]
+    fn a_field_of_another_type_marks_the_body_misshapen() {
+        let found = Peek::of(br#"{"type":"tool_result","group_id":1,"id":"c1"}"#);
+        assert!(found.misshapen);
+        assert_eq!(found.group_id, None);
+        assert_eq!(found.id.as_deref(), Some("c1"), "reading goes on past it");
+        assert!(!Peek::of(br#"{"type":"tool_result","text":5}"#).misshapen);
     }
 
     #[test]
@@ -128,13 +165,7 @@ mod tests {
 
     #[test]
     fn garbage_gives_nothing() {
-        for bytes in [
-            &b""[..],
-            b"not json",
-            b"[1, 2]",
-            b"\"tool_result\"",
-            b"{\"type\": 5}",
-        ] {
+        for bytes in [&b""[..], b"not json", b"[1, 2]", b"\"tool_result\""] {
             assert_eq!(Peek::of(bytes), Peek::default(), "{bytes:?}");
         }
     }

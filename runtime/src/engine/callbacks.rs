@@ -3,7 +3,7 @@
 //! machine (which dedupes and refuses what does not match).
 
 use ferry_proto::api::{CallStatus, EventKind};
-use ferry_proto::rap::{Callback, Peek, ToolResult};
+use ferry_proto::rap::{Callback, Peek};
 use tracing::{info, instrument, warn};
 
 use super::{Engine, Error};
@@ -49,44 +49,56 @@ impl Engine {
         Ok((group_id, id, callback))
     }
 
-    /// The `tool_result` that ends a call whose real result was refused for
-    /// its size (`body` is as much of it as was read; `limit`, the size
-    /// refused, when known): RAP tools do not retry a 4xx, so without it
-    /// the call would wait forever. `None` unless the token is genuine and
-    /// the body's start shows a `tool_result` naming the token's call:
-    /// anything else (a `subscription_event`, a body whose `type` comes
-    /// after the cut) is only refused, as before.
-    pub fn result_refused_for_size(
-        &self,
-        token: &str,
-        body: &[u8],
-        limit: Option<usize>,
-    ) -> Option<Vec<u8>> {
-        let (group_id, id) = self.caps.open(token).ok()?;
-        let peek = Peek::of(body);
-        let names = |field: &Option<String>, ours: &str| field.as_deref().is_none_or(|f| f == ours);
-        if peek.kind.as_deref() != Some("tool_result")
-            || !names(&peek.group_id, &group_id)
-            || !names(&peek.id, &id)
-        {
-            return None;
-        }
+    /// Whether `token` is one this runtime minted (a callback capability).
+    pub fn is_genuine(&self, token: &str) -> bool {
+        self.caps.open(token).is_ok()
+    }
+
+    /// Whether a callback refused for its size is its token's call's
+    /// `tool_result`, by what `peek` read of its body: then
+    /// [`Engine::result_refused`] should end the call. A forged token, a
+    /// body of another type, naming another call (or none), or with one of
+    /// those fields misshapen, is only refused.
+    pub fn is_refused_result(&self, token: &str, peek: &Peek) -> bool {
+        let Ok((group_id, id)) = self.caps.open(token) else {
+            return false;
+        };
+        !peek.misshapen
+            && peek.kind.as_deref() == Some("tool_result")
+            && peek.group_id.as_deref() == Some(group_id.as_str())
+            && peek.id.as_deref() == Some(id.as_str())
+    }
+
+    /// Ends the token's call with an error result in place of a
+    /// `tool_result` refused for its size (`limit`, when known), since the
+    /// tool will not send it again, and tells the tool the call is over.
+    /// What ended already stays as it was.
+    #[instrument(skip_all, fields(group_id, call_id))]
+    pub async fn result_refused(&self, token: &str, limit: Option<u64>) -> Result<Outcome, Error> {
+        let (group_id, id) = self.caps.open(token).map_err(|_| Error::Forged)?;
+        let span = tracing::Span::current();
+        span.record("group_id", group_id.as_str());
+        span.record("call_id", id.as_str());
         let limit = limit.map_or(String::new(), |n| format!(" (at most {n} bytes)"));
-        warn!(group_id, call_id = %id, "a result too large to record ends its call with an error");
-        let result = Callback::ToolResult(ToolResult {
-            group_id,
-            id,
-            call_id: None,
-            text: Some(format!(
-                "Error: the tool's result was larger than this runtime accepts{limit}, so it \
-                 could not be recorded. Ask for a smaller result (fewer items, a narrower \
-                 range) and call the tool again."
-            )),
-            content: None,
-            display_as: None,
-            subscription: false,
-        });
-        Some(serde_json::to_vec(&result).expect("a callback serializes"))
+        let text = format!(
+            "Error: the tool's result was larger than this runtime accepts{limit}, so it could \
+             not be recorded. Ask for a smaller result (fewer items, a narrower range) and call \
+             the tool again."
+        );
+        let command = Command::ResultRefused {
+            id: id.clone(),
+            text,
+        };
+        let outcome = self.execute(&group_id, command).await?.decision.outcome;
+        if outcome == Outcome::Applied {
+            warn!(group_id, call_id = %id, "the tool's result was too large to record; the call failed");
+            ::metrics::counter!(metrics::OUTCOMES, "status" => "failed").increment(1);
+            tokio::spawn(
+                self.notifier
+                    .cancel_tool_call(self.servers(), &group_id, &id),
+            );
+        }
+        Ok(outcome)
     }
 
     async fn callback_inner(

@@ -23,6 +23,12 @@ pub enum Request {
         #[serde(with = "serde_bytes")]
         body: Vec<u8>,
     },
+    /// The token's call's `tool_result` was refused for its size (over
+    /// `limit` bytes, when known): end the call (`Engine::result_refused`).
+    ResultRefused {
+        token: String,
+        limit: Option<u64>,
+    },
     CancelCall {
         group_id: String,
         id: String,
@@ -113,7 +119,7 @@ impl Request {
     pub fn group_id(&self) -> Option<&str> {
         match self {
             Request::Submit { call } => Some(&call.group_id),
-            Request::Callback { .. } => None,
+            Request::Callback { .. } | Request::ResultRefused { .. } => None,
             Request::CancelCall { group_id, .. }
             | Request::CancelSubscription { group_id, .. }
             | Request::Close { group_id }
@@ -140,6 +146,9 @@ impl Engine {
             }
             Request::Callback { token, body } => Reply::Callback {
                 outcome: format!("{:?}", self.callback(&token, &body).await?).to_lowercase(),
+            },
+            Request::ResultRefused { token, limit } => Reply::Callback {
+                outcome: format!("{:?}", self.result_refused(&token, limit).await?).to_lowercase(),
             },
             Request::CancelCall { group_id, id } => call(self.cancel_call(&group_id, &id).await?),
             Request::CancelSubscription { group_id, id } => {
@@ -196,6 +205,9 @@ impl Engine {
                 Ok(())
             }
             Request::Callback { token, body } => self.check_callback(token, body).map(drop),
+            Request::ResultRefused { token, .. } => {
+                self.caps.open(token).map(drop).map_err(|_| Error::Forged)
+            }
             Request::CancelCall { group_id, id }
             | Request::CancelSubscription { group_id, id }
             | Request::Choose { group_id, id, .. }
@@ -212,7 +224,7 @@ impl Engine {
     /// The thread a request is about, callbacks included.
     pub fn thread_of(&self, request: &Request) -> Result<String, Error> {
         match request {
-            Request::Callback { token, .. } => self
+            Request::Callback { token, .. } | Request::ResultRefused { token, .. } => self
                 .caps
                 .open(token)
                 .map(|(group_id, _)| group_id)

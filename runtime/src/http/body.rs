@@ -5,8 +5,10 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
+use ferry_proto::rap::Peek;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
 
 use super::{ApiError, AppState};
 
@@ -27,9 +29,10 @@ pub(super) fn too_large() -> ApiError {
 
 /// Why a body was not read whole.
 pub enum BodyError {
-    /// Over the limit: its first `limit` bytes, or none when its declared
-    /// length was past what is drained.
-    TooLarge { prefix: Bytes },
+    /// Over the limit. `peek`: what the body said, when that was asked for
+    /// and the body was read (not when its declared length alone was past
+    /// what is drained).
+    TooLarge { peek: Option<Peek> },
     /// Reading it failed.
     Unreadable(ApiError),
 }
@@ -45,11 +48,13 @@ impl From<BodyError> for ApiError {
 
 /// Reads the whole body if it fits in `limit` bytes.
 pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
-    Ok(read_body(req, limit).await?)
+    Ok(read_body(req, limit, false).await?)
 }
 
-/// [`read_bytes`], keeping the start of a body over the limit.
-pub async fn read_body(req: Request, limit: usize) -> Result<Bytes, BodyError> {
+/// [`read_bytes`]; with `peek`, a body over the limit is also read for
+/// what it says ([`Peek`]) while it drains, on a blocking thread, keeping
+/// none of it.
+pub async fn read_body(req: Request, limit: usize, peek: bool) -> Result<Bytes, BodyError> {
     let declared = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -57,13 +62,12 @@ pub async fn read_body(req: Request, limit: usize) -> Result<Bytes, BodyError> {
         .and_then(|v| v.parse::<usize>().ok());
     let drain_limit = limit.saturating_mul(DRAIN_FACTOR);
     if declared.is_some_and(|n| n > drain_limit) {
-        return Err(BodyError::TooLarge {
-            prefix: Bytes::new(),
-        });
+        return Err(BodyError::TooLarge { peek: None });
     }
     let mut stream = req.into_body().into_data_stream();
     let mut body = Vec::with_capacity(declared.unwrap_or(0).min(limit));
     let mut seen = 0usize;
+    let mut peeker: Option<Peeker> = None;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             BodyError::Unreadable(ApiError::new(
@@ -76,17 +80,76 @@ pub async fn read_body(req: Request, limit: usize) -> Result<Bytes, BodyError> {
         if seen > drain_limit {
             break;
         }
-        if body.len() < limit {
-            let room = limit - body.len();
-            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if seen <= limit {
+            body.extend_from_slice(&chunk);
+        } else if let Some(peeker) = &peeker {
+            peeker.feed(chunk).await;
+        } else if peek {
+            let started = Peeker::start();
+            started.feed(Bytes::from(std::mem::take(&mut body))).await;
+            started.feed(chunk).await;
+            peeker = Some(started);
         }
     }
     if seen > limit {
-        return Err(BodyError::TooLarge {
-            prefix: Bytes::from(body),
-        });
+        let peek = match peeker {
+            Some(peeker) => Some(peeker.finish().await),
+            None => None,
+        };
+        return Err(BodyError::TooLarge { peek });
     }
     Ok(Bytes::from(body))
+}
+
+/// A [`Peek`] of a body as it arrives: the chunks go to a blocking
+/// thread that parses them and lets them go.
+struct Peeker {
+    chunks: mpsc::Sender<Bytes>,
+    peek: tokio::task::JoinHandle<Peek>,
+}
+
+impl Peeker {
+    fn start() -> Self {
+        let (chunks, arriving) = mpsc::channel(8);
+        let peek = tokio::task::spawn_blocking(move || {
+            Peek::from_reader(std::io::BufReader::new(Arriving {
+                chunks: arriving,
+                chunk: Bytes::new(),
+            }))
+        });
+        Self { chunks, peek }
+    }
+
+    /// Passes a chunk on; once the parser is done (the object ended, or
+    /// the JSON went wrong), the rest only drains.
+    async fn feed(&self, chunk: Bytes) {
+        let _ = self.chunks.send(chunk).await;
+    }
+
+    async fn finish(self) -> Peek {
+        drop(self.chunks);
+        self.peek.await.unwrap_or_default()
+    }
+}
+
+/// The chunks sent to a [`Peeker`], as a blocking reader.
+struct Arriving {
+    chunks: mpsc::Receiver<Bytes>,
+    chunk: Bytes,
+}
+
+impl std::io::Read for Arriving {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.chunk = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
 }
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {

@@ -4,6 +4,7 @@ use super::path::Path;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::Json;
+use ferry_proto::rap::Peek;
 use serde_json::json;
 
 use super::body::{read_body, too_large, BodyError};
@@ -13,9 +14,9 @@ use crate::engine::requests::{self, Reply};
 /// 200 `{"status": "applied" | "duplicate" | "ignored"}` once durable.
 /// 403 for a forged token or a body naming another call; 404 for an unknown
 /// call; 410 for an event of a cancelled or ended subscription; 400 for a
-/// malformed body; 413 for a body over the size limit (a `tool_result`
-/// that large ends its call with an error result saying so). Other
-/// refusals record nothing.
+/// malformed body; 413 for a body over the size limit, and when it was the
+/// call's `tool_result`, the call fails with an error saying so (tools do
+/// not send a refused callback again). Other refusals record nothing.
 pub async fn receive(
     State(app): State<AppState>,
     Path(token): Path<String>,
@@ -23,11 +24,13 @@ pub async fn receive(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let limit = app.engine.config().max_body_bytes;
-    let body = match read_body(request, limit).await {
+    // Only a genuine token's oversized body is worth reading through.
+    let peek = app.engine.is_genuine(&token);
+    let body = match read_body(request, limit, peek).await {
         Ok(body) => body,
-        Err(BodyError::TooLarge { prefix }) => {
-            let (limit, refused) = (Some(limit), too_large());
-            return Err(end_call_refused_for_size(&app, &token, &prefix, limit, refused).await);
+        Err(BodyError::TooLarge { peek }) => {
+            let peek = peek.unwrap_or_default();
+            return Err(refuse_for_size(&app, &token, &peek, Some(limit), too_large()).await);
         }
         Err(e) => return Err(e.into()),
     };
@@ -41,7 +44,7 @@ pub async fn receive(
         Ok(other) => Err(unexpected(other)),
         // A cluster node refuses what NATS could not carry.
         Err(e) if is_too_large(&e) => {
-            Err(end_call_refused_for_size(&app, &token, &body, None, e).await)
+            Err(refuse_for_size(&app, &token, &Peek::of(&body), None, e).await)
         }
         Err(e) => Err(e),
     }
@@ -51,31 +54,30 @@ fn is_too_large(e: &ApiError) -> bool {
     e.status == StatusCode::PAYLOAD_TOO_LARGE && e.body.error.code == "payload_too_large"
 }
 
-/// Refuses a callback for its size; if it was the call's `tool_result`,
-/// first records an error result in its place, so that the call ends
-/// instead of waiting for a result the tool will not send again.
-async fn end_call_refused_for_size(
+/// Refuses a callback for its size; if `peek` shows it was its call's
+/// `tool_result`, the call ends first with an error result saying so.
+async fn refuse_for_size(
     app: &AppState,
     token: &str,
-    body: &[u8],
+    peek: &Peek,
     limit: Option<usize>,
     mut refused: ApiError,
 ) -> ApiError {
-    let Some(stand_in) = app.engine.result_refused_for_size(token, body, limit) else {
+    if !app.engine.is_refused_result(token, peek) {
         return refused;
-    };
-    let request = requests::Request::Callback {
+    }
+    let request = requests::Request::ResultRefused {
         token: token.to_owned(),
-        body: stand_in,
+        limit: limit.map(|n| n as u64),
     };
     match app.perform(request).await {
         Ok(Reply::Callback { outcome }) if outcome == "applied" => {
-            refused.body.error.message += "; the call ends with an error result saying so";
+            refused.body.error.message += "; the call failed with an error result saying so";
         }
         Ok(Reply::Journaled { .. }) => {
-            refused.body.error.message += "; the call will end with an error result saying so";
+            refused.body.error.message += "; the call will fail with an error result saying so";
         }
-        // The call had ended already, or is not one this token may end.
+        // The call had ended already.
         Ok(_) | Err(_) => {}
     }
     refused

@@ -34,6 +34,13 @@ pub enum Command {
     /// A tool's callback; its token already named this thread and call.
     /// A `view_update` names no call, so it comes as [`Command::View`].
     Callback(Callback),
+    /// The tool's `tool_result` for call `id` was refused for its size, and
+    /// tools do not send a refused callback again (`rap-3`): the call ends
+    /// with Ferry's error `text` where the result would be.
+    ResultRefused {
+        id: String,
+        text: String,
+    },
     /// A tool's `view_update`, sent with the token of call `id`.
     View {
         id: String,
@@ -97,6 +104,7 @@ impl Command {
             Command::CancelSubscriptionTool { call, target } => vec![&call.id, target],
             Command::DispatchAcked { id, .. }
             | Command::DispatchFailed { id, .. }
+            | Command::ResultRefused { id, .. }
             | Command::Cancel { id }
             | Command::CancelSubscription { id }
             | Command::Lost { id }
@@ -237,6 +245,16 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             ]))
         }
         Command::Callback(cb) => callback(state, cb),
+        Command::ResultRefused { id, text } => {
+            // Wherever the refused result would have been taken, this is.
+            let call = existing(state, id)?;
+            Ok(match call.status {
+                CallStatus::PendingApproval => return Err(Rejection::NotDispatched(id.clone())),
+                s if s.is_pending() => Decision::applied(vec![failure(id, text)]),
+                CallStatus::Cancelled => Decision::nothing(Outcome::Ignored),
+                _ => Decision::nothing(Outcome::Duplicate),
+            })
+        }
         Command::View { id, update } => {
             let call = existing(state, id)?;
             // Invariant 5: only a call still waiting on its tool (or a live

@@ -880,3 +880,48 @@ fn a_pending_approval_can_be_cancelled_and_then_not_decided() {
         ),
     ]);
 }
+
+#[test]
+fn a_result_refused_for_its_size_ends_only_a_call_still_waiting() {
+    let refused = |id: &str| Command::ResultRefused {
+        id: id.into(),
+        text: "Error: too large".into(),
+    };
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (refused("c"), Ok(&["tool_result"])),
+        // Ended: neither it again nor the tool's own result changes it.
+        (refused("c"), Ok(&[])),
+        (result("c", "late", false), Ok(&[])),
+        (
+            Command::Submit(new_call("done", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("done", "fine", false), Ok(&["tool_result"])),
+        (refused("done"), Ok(&[])),
+        (
+            Command::Submit(new_call("gone", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (
+            Command::Cancel { id: "gone".into() },
+            Ok(&["call_cancelled"]),
+        ),
+        (refused("gone"), Ok(&[])),
+        (
+            refused("ghost"),
+            Err(Rejection::UnknownCall("ghost".into())),
+        ),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Failed);
+    let result = state.calls["c"].result.as_ref().unwrap();
+    assert_eq!(
+        (result.text.as_str(), result.is_error),
+        ("Error: too large", true)
+    );
+    assert_eq!(status(&state, "done"), CallStatus::Completed);
+    assert_eq!(status(&state, "gone"), CallStatus::Cancelled);
+}
