@@ -8,14 +8,15 @@
 //! backoff, or a `Retry-After` of minutes, holds no slot, so a failing tool
 //! cannot keep every other tool's calls from being sent.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backoff::backoff::Backoff;
 use backoff::ExponentialBackoffBuilder;
 use ferry_proto::Invocation;
-use reqwest::{header::RETRY_AFTER, StatusCode};
+use reqwest::{header::RETRY_AFTER, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
@@ -177,6 +178,31 @@ pub struct Dispatcher {
     client: reqwest::Client,
     config: DispatchConfig,
     in_flight: Arc<Semaphore>,
+    endpoints: Arc<Endpoints>,
+}
+
+/// Tool endpoints, each parsed once: a process sends to few of them, and
+/// parsing the URL anew was about 1% of a fast call's CPU. Cleared when it
+/// holds [`Endpoints::MAX`], so endpoints that come and go cannot grow it.
+#[derive(Default)]
+struct Endpoints(Mutex<HashMap<String, Url>>);
+
+impl Endpoints {
+    const MAX: usize = 1024;
+
+    /// `endpoint` parsed, or `None` if it is not a URL.
+    fn parsed(&self, endpoint: &str) -> Option<Url> {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(url) = known.get(endpoint) {
+            return Some(url.clone());
+        }
+        let url = Url::parse(endpoint).ok()?;
+        if known.len() >= Self::MAX {
+            known.clear();
+        }
+        known.insert(endpoint.to_owned(), url.clone());
+        Some(url)
+    }
 }
 
 impl Dispatcher {
@@ -186,13 +212,17 @@ impl Dispatcher {
             client,
             config,
             in_flight,
+            endpoints: Arc::default(),
         }
     }
 
     async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
-        let sent = self
-            .client
-            .post(endpoint)
+        let request = match self.endpoints.parsed(endpoint) {
+            Some(url) => self.client.post(url),
+            // reqwest's own error, handled like any failed send.
+            None => self.client.post(endpoint),
+        };
+        let sent = request
             .timeout(self.config.ack_timeout)
             .json(invocation)
             .send()
@@ -285,6 +315,19 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_are_parsed_once_and_bounded() {
+        let endpoints = Endpoints::default();
+        let url = endpoints.parsed("http://127.0.0.1:9/invoke").unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:9/invoke");
+        assert_eq!(endpoints.parsed("http://127.0.0.1:9/invoke"), Some(url));
+        assert_eq!(endpoints.parsed("not a url"), None);
+        for n in 0..Endpoints::MAX + 10 {
+            endpoints.parsed(&format!("http://h{n}/invoke")).unwrap();
+        }
+        assert!(endpoints.0.lock().unwrap().len() <= Endpoints::MAX);
+    }
 
     #[test]
     fn retry_after_takes_seconds_or_an_http_date() {
