@@ -5,8 +5,8 @@
 
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 
 /// The top-level fields of a callback, as far as its body could be read.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -75,12 +75,71 @@ impl<'de> Visitor<'de> for Fields<'_> {
                     continue;
                 }
             };
-            match map.next_value::<Value>()? {
-                Value::String(text) => *slot = Some(text),
-                _ => self.0.misshapen = true,
+            match map.next_value::<Text>()? {
+                Text(Some(text)) => *slot = Some(text),
+                Text(None) => self.0.misshapen = true,
             }
         }
         Ok(())
+    }
+}
+
+/// A field's value: its text, or `None` for any other JSON value, which
+/// is skipped without being kept (an `id` of 16 MiB of numbers costs
+/// nothing).
+struct Text(Option<String>);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TextVisitor)
+    }
+}
+
+struct TextVisitor;
+
+impl<'de> Visitor<'de> for TextVisitor {
+    type Value = Text;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
+        Ok(Text(Some(v.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Text, E> {
+        Ok(Text(Some(v)))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Text, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Text, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Text, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Text, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Text, E> {
+        Ok(Text(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Text, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Text(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Text, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Text(None))
     }
 }
 
@@ -131,6 +190,26 @@ mod tests {
         assert_eq!(found.group_id, None);
         assert_eq!(found.id.as_deref(), Some("c1"), "reading goes on past it");
         assert!(!Peek::of(br#"{"type":"tool_result","text":5}"#).misshapen);
+        for value in [
+            "null",
+            "true",
+            "-1",
+            "2.5",
+            "[[1], {\"a\": 2}]",
+            "{\"b\": []}",
+        ] {
+            let body = format!(r#"{{"type":"tool_result","id":{value},"group_id":"g"}}"#);
+            let found = Peek::of(body.as_bytes());
+            assert!(found.misshapen && found.id.is_none(), "{value}");
+            assert_eq!(
+                found.group_id.as_deref(),
+                Some("g"),
+                "{value}: read on past it"
+            );
+        }
+        // Given twice, once misshapen: no callback, whatever the other says.
+        let found = Peek::of(br#"{"type":"tool_result","id":"c1","type":5}"#);
+        assert!(found.misshapen);
     }
 
     #[test]

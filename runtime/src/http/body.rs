@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use ferry_proto::rap::Peek;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 use super::{ApiError, AppState};
@@ -54,7 +55,7 @@ pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
 /// [`read_bytes`]; with `peek`, a body over the limit is also read for
 /// what it says ([`Peek`]) while it drains, on a blocking thread, keeping
 /// none of it.
-pub async fn read_body(req: Request, limit: usize, peek: bool) -> Result<Bytes, BodyError> {
+pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Bytes, BodyError> {
     let declared = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -85,10 +86,14 @@ pub async fn read_body(req: Request, limit: usize, peek: bool) -> Result<Bytes, 
         } else if let Some(peeker) = &peeker {
             peeker.feed(chunk).await;
         } else if peek {
-            let started = Peeker::start();
-            started.feed(Bytes::from(std::mem::take(&mut body))).await;
-            started.feed(chunk).await;
-            peeker = Some(started);
+            // Once: with no thread to spare, what follows only drains.
+            peek = false;
+            let prefix = Bytes::from(std::mem::take(&mut body));
+            if let Some(started) = Peeker::start() {
+                started.feed(prefix).await;
+                started.feed(chunk).await;
+                peeker = Some(started);
+            }
         }
     }
     if seen > limit {
@@ -101,15 +106,45 @@ pub async fn read_body(req: Request, limit: usize, peek: bool) -> Result<Bytes, 
     Ok(Bytes::from(body))
 }
 
+/// Bodies read through at once. Each holds a blocking thread for as long
+/// as its sender takes to send it, and the blocking pool also runs the
+/// store's fsyncs: past this many, an oversized body only drains.
+const MAX_PEEKERS: usize = 8;
+
+static PEEKERS: AtomicUsize = AtomicUsize::new(0);
+
 /// A [`Peek`] of a body as it arrives: the chunks go to a blocking
 /// thread that parses them and lets them go.
 struct Peeker {
     chunks: mpsc::Sender<Bytes>,
     peek: tokio::task::JoinHandle<Peek>,
+    _slot: PeekerSlot,
+}
+
+/// One of the [`MAX_PEEKERS`], given back when dropped.
+struct PeekerSlot;
+
+impl PeekerSlot {
+    fn take() -> Option<Self> {
+        PEEKERS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_PEEKERS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| PeekerSlot)
+    }
+}
+
+impl Drop for PeekerSlot {
+    fn drop(&mut self) {
+        PEEKERS.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Peeker {
-    fn start() -> Self {
+    /// A peeker, unless [`MAX_PEEKERS`] are at work.
+    fn start() -> Option<Self> {
+        let slot = PeekerSlot::take()?;
         let (chunks, arriving) = mpsc::channel(8);
         let peek = tokio::task::spawn_blocking(move || {
             Peek::from_reader(std::io::BufReader::new(Arriving {
@@ -117,7 +152,11 @@ impl Peeker {
                 chunk: Bytes::new(),
             }))
         });
-        Self { chunks, peek }
+        Some(Self {
+            chunks,
+            peek,
+            _slot: slot,
+        })
     }
 
     /// Passes a chunk on; once the parser is done (the object ended, or

@@ -16,7 +16,9 @@ use crate::engine::requests::{self, Reply};
 /// call; 410 for an event of a cancelled or ended subscription; 400 for a
 /// malformed body; 413 for a body over the size limit, and when it was the
 /// call's `tool_result`, the call fails with an error saying so (tools do
-/// not send a refused callback again). Other refusals record nothing.
+/// not send a refused callback again; when that cannot be recorded, the
+/// answer is the store's 5xx, which they do retry). Other refusals record
+/// nothing.
 pub async fn receive(
     State(app): State<AppState>,
     Path(token): Path<String>,
@@ -77,6 +79,9 @@ async fn refuse_for_size(
         Ok(Reply::Journaled { .. }) => {
             refused.body.error.message += "; the call will fail with an error result saying so";
         }
+        // Not recorded for want of the store (or NATS): a 5xx, which the
+        // tool retries, rather than a 413 that would leave the call waiting.
+        Err(e) if e.status.is_server_error() => return e,
         // The call had ended already.
         Ok(_) | Err(_) => {}
     }
