@@ -1,7 +1,7 @@
-//! What the start of a callback body says, when the whole body cannot be
-//! read: a `tool_result` over the runtime's size limit is refused, and RAP
-//! tools do not retry a 4xx (`rap-3`), so the runtime needs to know what it
-//! refused in order to end the call instead of leaving it waiting forever.
+//! What a callback body too large to keep says: a `tool_result` over the
+//! runtime's size limit is refused, and RAP tools do not retry a 4xx
+//! (`rap-3`), so the runtime needs to know what it refused in order to end
+//! the call instead of leaving it waiting forever.
 
 use std::fmt;
 

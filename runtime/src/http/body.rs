@@ -49,13 +49,18 @@ impl From<BodyError> for ApiError {
 
 /// Reads the whole body if it fits in `limit` bytes.
 pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
-    Ok(read_body(req, limit, false).await?)
+    Ok(read_body(req, limit, || false).await?)
 }
 
-/// [`read_bytes`]; with `peek`, a body over the limit is also read for
-/// what it says ([`Peek`]) while it drains, on a blocking thread, keeping
-/// none of it.
-pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Bytes, BodyError> {
+/// [`read_bytes`]; if `peek` says so once the body is over the limit, it
+/// is also read for what it says ([`Peek`]) while it drains, on a
+/// blocking thread, keeping none of it.
+pub async fn read_body(
+    req: Request,
+    limit: usize,
+    peek: impl FnOnce() -> bool,
+) -> Result<Bytes, BodyError> {
+    let mut peek = Some(peek);
     let declared = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -85,9 +90,8 @@ pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Byt
             body.extend_from_slice(&chunk);
         } else if let Some(peeker) = &peeker {
             peeker.feed(chunk).await;
-        } else if peek {
+        } else if peek.take().is_some_and(|peek| peek()) {
             // Once: with no thread to spare, what follows only drains.
-            peek = false;
             let prefix = Bytes::from(std::mem::take(&mut body));
             if let Some(started) = Peeker::start() {
                 started.feed(prefix).await;

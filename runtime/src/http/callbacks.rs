@@ -27,7 +27,7 @@ pub async fn receive(
     use axum::response::IntoResponse;
     let limit = app.engine.config().max_body_bytes;
     // Only a genuine token's oversized body is worth reading through.
-    let peek = app.engine.is_genuine(&token);
+    let peek = || app.engine.is_genuine(&token);
     let body = match read_body(request, limit, peek).await {
         Ok(body) => body,
         Err(BodyError::TooLarge { peek }) => {
