@@ -717,3 +717,31 @@ async fn a_result_too_large_to_record_fails_its_call_with_an_error() {
     assert_eq!(api.count("g", "big", "tool_result").await, 1);
     assert_eq!(api.call("g", "big").await.1["result"]["text"], said);
 }
+
+/// The same for a body sent in chunks, with no `Content-Length` (keys
+/// sorted, `type` last): Ferry reads it through as it arrives.
+#[tokio::test]
+async fn a_result_sent_in_chunks_too_large_to_record_fails_its_call() {
+    let s = Setup::new().await;
+    let url = s.dispatched("g", "big").await;
+    let mut chunks = vec![r#"{"group_id":"g","id":"big","text":""#.to_owned()];
+    chunks.extend((0..16).map(|_| "x".repeat(128 << 10)));
+    chunks.push(r#"","type":"tool_result"}"#.to_owned());
+    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+    let response = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let answer: Value = response.json().await.unwrap();
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.ends_with("the call failed with an error result saying so"),
+        "{message}"
+    );
+    let (_, call) = s.api().call("g", "big").await;
+    assert_eq!(call["status"], "failed", "{call}");
+}
