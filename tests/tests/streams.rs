@@ -154,10 +154,26 @@ async fn long_poll_honours_wait_limit_and_after() {
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["events"], json!([]));
 
-    for query in ["after=abc", "after=-1", "limit=many", "wait=abc", "wait=-1"] {
+    for query in [
+        "after=abc",
+        "after=-1",
+        "limit=many",
+        "limit=0",
+        "limit=-3",
+        "wait=abc",
+        "wait=-1",
+    ] {
         let answer = api.get(&events_path("g", query)).await;
         refused(&answer, 400, "invalid_request");
     }
+    let answer = api.get("/v1/threads?limit=0").await;
+    refused(&answer, 400, "invalid_request");
+    // Past the page bound (1 000 events, 500 threads), the bound is served.
+    let (status, page) = api.get(&events_path("g", "limit=5000")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(6));
+    let (status, _) = api.get("/v1/threads?limit=5000").await;
+    assert_eq!(status, 200);
     let (_, thread) = api.thread("g").await;
     assert_eq!(thread["last_seq"], 6, "{thread}");
     assert_eq!(seqs(&api.events("g", 0).await), [1, 2, 3, 4, 5, 6]);

@@ -30,9 +30,7 @@ pub async fn list(
     State(app): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = number::<usize>(&query, "limit")?
-        .unwrap_or(50)
-        .clamp(1, 500);
+    let limit = page_size(&query, 50, 500)?;
     let threads: Vec<ThreadView> = app
         .engine
         .recent_threads(limit)
@@ -80,6 +78,21 @@ fn number<T: std::str::FromStr>(
                 .map_err(|_| invalid(format!("{name}={v:?} is not a valid number")))
         })
         .transpose()
+}
+
+/// `?limit=`: `default` when absent; a page never holds more than `max`,
+/// so a larger limit is served as `max`; `0` asks for nothing and is
+/// refused, as are negatives and non-numbers.
+fn page_size(
+    query: &HashMap<String, String>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    match number::<usize>(query, "limit")? {
+        None => Ok(default),
+        Some(0) => Err(invalid("limit must be at least 1".into())),
+        Some(n) => Ok(n.min(max)),
+    }
 }
 
 /// `?types=tool_result,subscription_event`: the event types a reader
@@ -130,9 +143,7 @@ pub async fn events(
 ) -> Result<Json<Value>, ApiError> {
     let types = Types::parse(&query)?;
     let after = number::<u64>(&query, "after")?.unwrap_or(0);
-    let limit = number::<usize>(&query, "limit")?
-        .unwrap_or(DEFAULT_LIMIT)
-        .clamp(1, MAX_LIMIT);
+    let limit = page_size(&query, DEFAULT_LIMIT, MAX_LIMIT)?;
     let wait = number::<f64>(&query, "wait")?.unwrap_or(0.0);
     if !wait.is_finite() || wait < 0.0 {
         return Err(invalid(
