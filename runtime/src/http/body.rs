@@ -213,3 +213,50 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         Ok(JsonBody(parsed))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn post(chunks: Vec<&'static str>) -> Request {
+        let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        Request::post("/").body(Body::from_stream(stream)).unwrap()
+    }
+
+    /// The only test that takes peekers, so the count is its own.
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_read_through_by_a_bounded_number_of_peekers() {
+        let body = vec![
+            r#"{"group_id":"g","text":"xx"#,
+            "xxxxxxxxxx",
+            r#"","type":"tool_result"}"#,
+        ];
+        // Under the limit: the body itself, nothing peeked.
+        let read = read_body(post(body.clone()), 1 << 10, || panic!("not over")).await;
+        assert!(read.is_ok_and(|b| b.ends_with(b"}")));
+        // Over it: what it says, however it was cut into chunks.
+        let Err(BodyError::TooLarge { peek: Some(peek) }) =
+            read_body(post(body.clone()), 16, || true).await
+        else {
+            panic!("over the limit, peeked");
+        };
+        assert_eq!(peek.kind.as_deref(), Some("tool_result"));
+        assert_eq!(peek.group_id.as_deref(), Some("g"));
+        // Not asked to peek: only refused.
+        let refused = read_body(post(body.clone()), 16, || false).await;
+        assert!(matches!(refused, Err(BodyError::TooLarge { peek: None })));
+        // With every peeker taken, a body only drains; a slot given back
+        // is taken again.
+        assert_eq!(PEEKERS.load(Ordering::Acquire), 0, "all given back");
+        let taken: Vec<_> = (0..MAX_PEEKERS)
+            .map(|_| PeekerSlot::take().unwrap())
+            .collect();
+        let drained = read_body(post(body.clone()), 16, || true).await;
+        assert!(matches!(drained, Err(BodyError::TooLarge { peek: None })));
+        drop(taken);
+        let again = read_body(post(body), 16, || true).await;
+        assert!(matches!(again, Err(BodyError::TooLarge { peek: Some(_) })));
+        assert_eq!(PEEKERS.load(Ordering::Acquire), 0);
+    }
+}
