@@ -16,10 +16,10 @@ impl Engine {
     pub async fn callback(&self, token: &str, body: &[u8]) -> Result<Outcome, Error> {
         let result = self.callback_inner(token, body).await;
         let (kind, outcome) = match &result {
-            Ok((kind, outcome)) => (*kind, format!("{outcome:?}").to_lowercase()),
+            Ok((kind, outcome)) => (*kind, outcome.name()),
             Err(e) => {
                 warn!(error = %e, "callback refused");
-                ("unknown", "rejected".to_owned())
+                ("unknown", "rejected")
             }
         };
         ::metrics::counter!(metrics::CALLBACKS, "type" => kind, "outcome" => outcome).increment(1);
@@ -76,9 +76,7 @@ impl Engine {
     #[instrument(skip_all, fields(group_id, call_id))]
     pub async fn result_refused(&self, token: &str, limit: Option<u64>) -> Result<Outcome, Error> {
         let (group_id, id) = self.caps.open(token).map_err(|_| Error::Forged)?;
-        let span = tracing::Span::current();
-        span.record("group_id", group_id.as_str());
-        span.record("call_id", id.as_str());
+        in_call_span(&group_id, &id);
         let limit = limit.map_or(String::new(), |n| format!(" (at most {n} bytes)"));
         let text = format!(
             "Error: the tool's result was larger than this runtime accepts{limit}, so it could \
@@ -107,9 +105,7 @@ impl Engine {
         body: &[u8],
     ) -> Result<(&'static str, Outcome), Error> {
         let (group_id, id, callback) = self.check_callback(token, body)?;
-        let span = tracing::Span::current();
-        span.record("group_id", group_id.as_str());
-        span.record("call_id", id.as_str());
+        in_call_span(&group_id, &id);
         let kind = callback.kind();
         let command = match callback {
             // A view_update names no call; its token's must still be open.
@@ -157,6 +153,13 @@ impl Engine {
         }
         Ok((kind, outcome))
     }
+}
+
+/// Names the call in the current span, once the token has said which.
+fn in_call_span(group_id: &str, id: &str) {
+    let span = tracing::Span::current();
+    span.record("group_id", group_id);
+    span.record("call_id", id);
 }
 
 /// A status as its API name (`awaiting_auth`), for metric labels: serde's

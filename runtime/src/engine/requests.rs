@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
-use crate::thread::{Answer, CallRecord, Rejection};
+use crate::thread::{Answer, CallRecord, Outcome, Rejection};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,6 +136,9 @@ impl Engine {
         let call = |call: CallRecord| Reply::Call {
             call: Box::new(call),
         };
+        let answered = |outcome: Outcome| Reply::Callback {
+            outcome: outcome.name().to_owned(),
+        };
         Ok(match request {
             Request::Submit { call } => {
                 let (submitted, reply) = self.submit(call).await?;
@@ -144,12 +147,10 @@ impl Engine {
                     reply,
                 }
             }
-            Request::Callback { token, body } => Reply::Callback {
-                outcome: format!("{:?}", self.callback(&token, &body).await?).to_lowercase(),
-            },
-            Request::ResultRefused { token, limit } => Reply::Callback {
-                outcome: format!("{:?}", self.result_refused(&token, limit).await?).to_lowercase(),
-            },
+            Request::Callback { token, body } => answered(self.callback(&token, &body).await?),
+            Request::ResultRefused { token, limit } => {
+                answered(self.result_refused(&token, limit).await?)
+            }
             Request::CancelCall { group_id, id } => call(self.cancel_call(&group_id, &id).await?),
             Request::CancelSubscription { group_id, id } => {
                 call(self.cancel_subscription(&group_id, &id).await?)

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::body::{read_body, too_large, BodyError};
 use super::{journaled, unexpected, ApiError, AppState};
 use crate::engine::requests::{self, Reply};
+use crate::thread::Outcome;
 
 /// 200 `{"status": "applied" | "duplicate" | "ignored"}` once durable.
 /// 403 for a forged token or a body naming another call; 404 for an unknown
@@ -73,7 +74,7 @@ async fn refuse_for_size(
         limit: limit.map(|n| n as u64),
     };
     match app.perform(request).await {
-        Ok(Reply::Callback { outcome }) if outcome == "applied" => {
+        Ok(Reply::Callback { outcome }) if outcome == Outcome::Applied.name() => {
             refused.body.error.message += "; the call failed with an error result saying so";
         }
         Ok(Reply::Journaled { .. }) => {

@@ -146,6 +146,18 @@ pub enum Outcome {
     Ignored,
 }
 
+impl Outcome {
+    /// The name callbacks are answered with (`{"status": "applied"}`) and
+    /// metrics are labelled by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Applied => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Ignored => "ignored",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub changes: Vec<Change>,
