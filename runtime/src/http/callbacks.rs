@@ -88,3 +88,69 @@ async fn refuse_for_size(
     }
     refused
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use ferry_proto::api::CallStatus;
+    use tower::ServiceExt;
+
+    use crate::bus::LocalBus;
+    use crate::engine::{Config, Engine};
+    use crate::store::{SledStore, Store};
+    use crate::thread::{Command, NewCall, Submission};
+    use crate::token::Capabilities;
+
+    /// When the failure of a result refused for its size cannot be
+    /// recorded, the tool gets a 5xx, which RAP tools retry (rap-3: "retry
+    /// callbacks on 5xx, not on 4xx"), not the 413 that would leave the
+    /// call waiting for a result that is never sent again.
+    #[tokio::test]
+    async fn a_result_refused_for_its_size_is_a_5xx_when_its_failure_cannot_be_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let engine = Arc::new(Engine::new(
+            Config::default(),
+            store.clone(),
+            Arc::new(LocalBus::new()),
+            Capabilities::new(b"secret"),
+            reqwest::Client::new(),
+        ));
+        let submission = Submission {
+            operation: "echo".into(),
+            arguments: serde_json::json!({}),
+            call_id: None,
+            user_id: None,
+            thread_ancestors: None,
+        };
+        let call = NewCall {
+            id: "c1".into(),
+            submission,
+            tool: "demo.echo@1.0.0".into(),
+            target: None,
+            gate: None,
+        };
+        engine.execute("g", Command::Submit(call)).await.unwrap();
+        let token = Capabilities::new(b"secret").mint("g", "c1");
+        let result = serde_json::json!({
+            "type": "tool_result", "group_id": "g", "id": "c1",
+            "text": "x".repeat(Config::default().max_body_bytes + 1),
+        });
+        let post = || {
+            axum::http::Request::post(format!("/v1/callbacks/{token}"))
+                .header("content-type", "application/json")
+                .body(Body::from(result.to_string()))
+                .unwrap()
+        };
+        let router = super::super::router(engine, None);
+
+        store.poison();
+        let answer = router.clone().oneshot(post()).await.unwrap();
+        assert!(answer.status().is_server_error(), "{}", answer.status());
+        let call = store.call("g", "c1").await.unwrap().unwrap();
+        assert_eq!(call.status, CallStatus::Queued, "nothing recorded");
+        assert_eq!(store.events("g", 0, 100).await.unwrap().len(), 1);
+    }
+}

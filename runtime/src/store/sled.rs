@@ -440,6 +440,11 @@ impl SledStore {
 
 #[cfg(test)]
 impl SledStore {
+    /// Fails every later write, as a failed insert or flush would.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+    }
+
     /// Whether the thread has a commit held back, not yet in sled.
     pub(crate) fn holds(&self, group_id: &str) -> bool {
         self.held.lock().expect("held lock").contains_key(group_id)
