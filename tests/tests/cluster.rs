@@ -1311,3 +1311,32 @@ async fn journaled_requests_of_a_thread_are_applied_in_order() {
         ticks[20]
     );
 }
+
+/// Workers learn toolsets through the toolset bucket's watch, which may lag
+/// the node that registered one. A call submitted through that node at once
+/// is applied to the tool the node resolved: never refused for a tool the
+/// node knew (before, most of these were `400 unknown_tool`), nor recorded
+/// against an older version a worker still had as the latest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_right_after_its_toolset_is_registered_goes_to_the_tool_the_node_resolved() {
+    let c = Cluster::start(3).await;
+    let a = c.a.api();
+    let mut tools = vec![];
+    for i in 0..10 {
+        let name = format!("r{i}");
+        let tool = TestTool::start(&name, &["go"]).await;
+        let g = format!("rg{i}");
+        for (version, id) in [("1.0.0", "v1"), ("2.0.0", "v2")] {
+            let registration = json!({"url": tool.url, "version": version});
+            let (status, body) = a.post("/v1/toolsets", &registration).await;
+            assert!(status < 300, "{body}");
+            let call = json!({"operation": format!("{name}.go"), "arguments": {},
+                "group_id": g, "id": id});
+            let (status, body) = a.submit(call).await;
+            assert_eq!(status, 202, "round {i}, {version}: {body}");
+            let accepted = a.wait_for(&g, id, "call_accepted").await;
+            assert_eq!(accepted["payload"]["tool"], format!("{name}.go@{version}"));
+        }
+        tools.push(tool);
+    }
+}

@@ -314,7 +314,7 @@ impl Perform for Relay {
             Ok(Ok(Err(refusal))) => Err(refusal.into()),
             _ => {
                 let id = match &entry.request {
-                    Request::Submit { call } => call.id.clone(),
+                    Request::Submit { call, .. } => call.id.clone(),
                     _ => None,
                 };
                 Ok(Reply::Journaled { id })

@@ -20,9 +20,27 @@ pub enum Submitted {
 
 impl Engine {
     /// Validates, records and enqueues a call. Answers once it is durable.
-    #[instrument(skip_all, fields(group_id = %req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
     pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
-        let result = self.submit_inner(req).await;
+        self.submit_to(req, None).await
+    }
+
+    /// [`Engine::submit`] of a call whose `operation` a cluster node
+    /// resolved to `tool` (`Toolset.tool@version`). A toolset reaches this
+    /// process through the toolset bucket's watch, which may lag the node
+    /// that registered it: the registry is read again before the call is
+    /// refused for a tool the node knew.
+    #[instrument(skip_all, fields(group_id = %req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
+    pub async fn submit_to(
+        &self,
+        req: SubmitCall,
+        tool: Option<&str>,
+    ) -> Result<(Submitted, SubmitReply), Error> {
+        if let Some(tool) = tool {
+            if self.resolve(tool).is_err() {
+                self.load_toolsets().await?;
+            }
+        }
+        let result = self.submit_inner(req, tool).await;
         if let Err(e) = &result {
             let code = crate::http::error_code(e);
             ::metrics::counter!(metrics::CALLS_REJECTED, "code" => code).increment(1);
@@ -35,6 +53,16 @@ impl Engine {
     /// Returns the resolved tool (none for the built-in
     /// `cancel_subscription`).
     pub fn check_submission(&self, req: &SubmitCall) -> Result<Option<toolsets::Resolved>, Error> {
+        self.check_submission_to(req, None)
+    }
+
+    /// [`Engine::check_submission`], resolving `tool` (when given) rather
+    /// than the submission's `operation`.
+    fn check_submission_to(
+        &self,
+        req: &SubmitCall,
+        tool: Option<&str>,
+    ) -> Result<Option<toolsets::Resolved>, Error> {
         self.check_id("group_id", &req.group_id)?;
         if let Some(id) = &req.id {
             self.check_id("id", id)?;
@@ -50,7 +78,7 @@ impl Engine {
                 .map_err(Error::InvalidArguments)?;
             Ok(None)
         } else {
-            let resolved = self.resolve(&req.operation)?;
+            let resolved = self.resolve(tool.unwrap_or(&req.operation))?;
             toolsets::check_arguments(&resolved.validator, &req.arguments)
                 .map_err(Error::InvalidArguments)?;
             Ok(Some(resolved))
@@ -64,8 +92,12 @@ impl Engine {
         })
     }
 
-    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
-        let resolved = self.check_submission(&req)?;
+    async fn submit_inner(
+        &self,
+        req: SubmitCall,
+        tool: Option<&str>,
+    ) -> Result<(Submitted, SubmitReply), Error> {
+        let resolved = self.check_submission_to(&req, tool)?;
         let id = req.id.clone().unwrap_or_else(fresh_id);
         let group_id = req.group_id.clone();
         let (command, target) = if let Some(resolved) = resolved {

@@ -17,6 +17,12 @@ use crate::thread::{Answer, CallRecord, Outcome, Rejection};
 pub enum Request {
     Submit {
         call: SubmitCall,
+        /// The tool the node that took the call resolved its `operation`
+        /// to (`Toolset.tool@version`), set by [`Engine::precheck`]: the
+        /// worker applies the call to that tool, not to whatever its own
+        /// registry resolves the name to, which may lag the node's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool: Option<String>,
     },
     Callback {
         token: String,
@@ -118,7 +124,7 @@ impl Request {
     /// callback's thread is inside its token).
     pub fn group_id(&self) -> Option<&str> {
         match self {
-            Request::Submit { call } => Some(&call.group_id),
+            Request::Submit { call, .. } => Some(&call.group_id),
             Request::Callback { .. } | Request::ResultRefused { .. } => None,
             Request::CancelCall { group_id, .. }
             | Request::CancelSubscription { group_id, .. }
@@ -140,8 +146,8 @@ impl Engine {
             outcome: outcome.name().to_owned(),
         };
         Ok(match request {
-            Request::Submit { call } => {
-                let (submitted, reply) = self.submit(call).await?;
+            Request::Submit { call, tool } => {
+                let (submitted, reply) = self.submit_to(call, tool.as_deref()).await?;
                 Reply::Submitted {
                     created: submitted == Submitted::Created,
                     reply,
@@ -198,8 +204,8 @@ impl Engine {
     /// agent learns it even when the request is only journaled.
     pub fn precheck(&self, request: &mut Request) -> Result<(), Error> {
         match request {
-            Request::Submit { call } => {
-                self.check_submission(call)?;
+            Request::Submit { call, tool } => {
+                *tool = self.check_submission(call)?.map(|r| r.qualified);
                 if call.id.is_none() {
                     call.id = Some(super::calls::fresh_id());
                 }

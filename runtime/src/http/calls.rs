@@ -27,7 +27,13 @@ pub async fn submit(
     JsonBody(req): JsonBody<SubmitCall>,
 ) -> Result<Response, ApiError> {
     let group_id = req.group_id.clone();
-    match app.perform(Request::Submit { call: req }).await? {
+    match app
+        .perform(Request::Submit {
+            call: req,
+            tool: None,
+        })
+        .await?
+    {
         Reply::Submitted { created, reply } => {
             let status = if created {
                 StatusCode::ACCEPTED

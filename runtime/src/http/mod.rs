@@ -104,7 +104,10 @@ pub(crate) async fn submit_call(
         .get_or_insert_with(crate::engine::calls::fresh_id)
         .clone();
     let refused = |e: ApiError| Refusal::from(e).into_submit_error(&id);
-    match perform.perform_within(Request::Submit { call }, wait).await {
+    match perform
+        .perform_within(Request::Submit { call, tool: None }, wait)
+        .await
+    {
         Ok(Reply::Submitted { reply, .. }) => Ok(Taken {
             id: reply.id,
             journaled: false,
