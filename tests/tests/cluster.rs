@@ -1340,3 +1340,39 @@ async fn a_call_right_after_its_toolset_is_registered_goes_to_the_tool_the_node_
         tools.push(tool);
     }
 }
+
+/// A retry of a call whose toolset was deleted meanwhile is answered by the
+/// call on every node (200; 409 for another body), though each node's
+/// registry no longer knows the tool; a new call of it is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_after_its_toolset_was_deleted_is_answered_by_its_call() {
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let call = |id: &str, text: &str| json!({"operation": "op", "arguments": {"text": text}, "group_id": "g", "id": id});
+    let (status, first) = a.submit(call("c1", "hi")).await;
+    assert_eq!(status, 202, "{first}");
+    a.wait_for("g", "c1", "call_accepted").await;
+    assert_eq!(a.delete("/v1/toolsets/t").await.0, 200);
+    for node in [&a, &b] {
+        eventually(
+            "the node to forget the tool",
+            Duration::from_secs(20),
+            || async {
+                let (_, tools) = node.get("/v1/tools").await;
+                (!tools.to_string().contains("\"op\"")).then_some(())
+            },
+        )
+        .await;
+        let (status, new) = node.submit(call("new", "hi")).await;
+        assert_eq!(
+            (status, &new["error"]["code"]),
+            (400, &json!("unknown_tool"))
+        );
+        let (status, again) = node.submit(call("c1", "hi")).await;
+        assert_eq!((status, &again["id"]), (200, &json!("c1")), "{again}");
+        let (status, other) = node.submit(call("c1", "other")).await;
+        assert_eq!((status, &other["error"]["code"]), (409, &json!("conflict")));
+    }
+    assert_eq!(a.count("g", "c1", "call_accepted").await, 1);
+    assert_eq!(a.count("g", "new", "call_accepted").await, 0);
+}

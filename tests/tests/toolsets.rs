@@ -512,6 +512,73 @@ async fn a_deleted_toolset_is_gone() {
     assert_eq!(tool.invocations().len(), 1);
 }
 
+/// Invariant 2 ("a retried submission with the same `(group_id, id)`
+/// returns the existing call") holds after the call's tool stopped
+/// resolving or its schema stopped matching: its bare name now clashes, or
+/// its toolset was deleted. A different body is still 409 (issue 2), and a
+/// new id is refused as before. Before, each retry here was a 400 or 422.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_is_answered_by_its_call_after_the_toolsets_changed() {
+    let tool = TestTool::start("Kept", &["op"]).await;
+    let rival = TestTool::start("Rival", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    assert_eq!(api.register(&tool.url).await.0, 201);
+    let hi = json!({"text": "hi"});
+    let mut accepted = vec![];
+    for (id, operation) in [("bare", "op"), ("qualified", "Kept.op")] {
+        let (status, reply) = call(&api, "g", id, operation, hi.clone()).await;
+        assert_eq!(status, 202, "{reply}");
+        assert_eq!(tool.next_invocation().await.invocation.id, id);
+        accepted.push(reply);
+    }
+    // Retries of both calls, each as first submitted and with another body.
+    let retried = |id: &'static str, operation: &'static str, seq: &Value| {
+        let (api, hi, seq) = (&api, hi.clone(), seq.clone());
+        async move {
+            let (status, again) = call(api, "g", id, operation, hi).await;
+            assert_eq!(status, 200, "{id}: {again}");
+            assert_eq!((&again["id"], &again["seq"]), (&json!(id), &seq));
+            let other = call(api, "g", id, operation, json!({"text": 5})).await;
+            refused(&other, 409, "conflict");
+        }
+    };
+
+    assert_eq!(api.register(&rival.url).await.0, 201);
+    refused(
+        &call(&api, "g", "new1", "op", hi.clone()).await,
+        400,
+        "ambiguous_tool",
+    );
+    retried("bare", "op", &accepted[0]["seq"]).await;
+
+    assert_eq!(api.delete("/v1/toolsets/Kept").await.0, 200);
+    refused(
+        &call(&api, "g", "new2", "Kept.op", hi.clone()).await,
+        400,
+        "unknown_tool",
+    );
+    retried("qualified", "Kept.op", &accepted[1]["seq"]).await;
+    // A body the remaining tool's schema refuses, for a call already here:
+    // 409 for the other body, not 422.
+    let (status, _) = call(&api, "g", "rival", "Rival.op", hi.clone()).await;
+    assert_eq!(status, 202);
+    let other = call(&api, "g", "rival", "Rival.op", json!({"text": 5})).await;
+    refused(&other, 409, "conflict");
+    let invalid = call(&api, "g", "new3", "Rival.op", json!({"text": 5})).await;
+    refused(&invalid, 422, "invalid_arguments");
+
+    // Nothing recorded for the refusals and the retries: one acceptance
+    // per call, and no event of another call.
+    let events = api.events("g", 0).await;
+    for id in ["bare", "qualified", "rival"] {
+        assert_eq!(api.count("g", id, "call_accepted").await, 1, "{id}");
+    }
+    let ids = ["bare", "qualified", "rival"].map(|id| json!(id));
+    assert!(events.iter().all(|e| ids.contains(&e["id"])), "{events:?}");
+    assert_eq!(tool.invocations().len(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_tool_server_is_a_bad_gateway() {
     let port = {

@@ -287,7 +287,13 @@ impl Perform for Relay {
         mut request: Request,
         wait: Duration,
     ) -> Result<Reply, ApiError> {
-        self.engine.precheck(&mut request)?;
+        if let Err(refused) = self.engine.precheck(&mut request) {
+            // A retry of a call accepted before its toolset changed is
+            // answered by that call (the worker compares the bodies).
+            if !self.engine.retries_a_call(&request, &refused).await {
+                return Err(refused.into());
+            }
+        }
         let group_id = self.engine.thread_of(&request)?;
         let number = self.outbox.next_number().map_err(unavailable)?;
         let entry = Entry {

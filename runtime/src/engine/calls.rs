@@ -8,7 +8,7 @@ use tracing::{info, instrument};
 
 use super::{Engine, Error, Executed};
 use crate::metrics;
-use crate::thread::{CallRecord, Command, NewCall, Outcome, Submission};
+use crate::thread::{CallRecord, Command, NewCall, Outcome, Rejection, Submission};
 use crate::toolsets::{self, ResolveError, CANCEL_SUBSCRIPTION};
 
 /// Whether a submission created the call or found it already there.
@@ -97,7 +97,12 @@ impl Engine {
         req: SubmitCall,
         tool: Option<&str>,
     ) -> Result<(Submitted, SubmitReply), Error> {
-        let resolved = self.check_submission_to(&req, tool)?;
+        let resolved = match self.check_submission_to(&req, tool) {
+            Err(refused) if refused.rests_on_toolsets() && req.id.is_some() => {
+                return self.resubmit(req, refused).await;
+            }
+            checked => checked?,
+        };
         let id = req.id.clone().unwrap_or_else(fresh_id);
         let group_id = req.group_id.clone();
         let (command, target) = if let Some(resolved) = resolved {
@@ -170,6 +175,34 @@ impl Engine {
             }
         }
         Ok((Submitted::Created, reply(&group_id, call)))
+    }
+
+    /// A submission refused for its tool or arguments may be the retry of a
+    /// call accepted before its toolset changed (deleted, refreshed, or its
+    /// name now clashing): the existing call answers it as it answers any
+    /// retry (invariant 2), 409 if the body differs. Otherwise `refused`.
+    async fn resubmit(
+        &self,
+        req: SubmitCall,
+        refused: Error,
+    ) -> Result<(Submitted, SubmitReply), Error> {
+        let (group_id, id) = (req.group_id.clone(), req.id.clone().unwrap_or_default());
+        let submission = new_call(req, id.clone(), String::new(), None).submission;
+        let command = Command::Resubmit {
+            id: id.clone(),
+            submission,
+        };
+        let executed = match self.execute(&group_id, command).await {
+            Err(Error::Rejected(Rejection::UnknownCall(_))) => return Err(refused),
+            executed => executed?,
+        };
+        let call = &executed.state.calls[&id];
+        if call.status == CallStatus::Queued {
+            // As for any retry: its first submission may have been cut
+            // short before it reached the bus.
+            self.enqueue(&group_id, call).await?;
+        }
+        Ok((Submitted::Existing, reply(&group_id, call)))
     }
 
     /// Hands a queued call to the workers.

@@ -106,6 +106,17 @@ pub enum Error {
     Refused(requests::Refusal),
 }
 
+impl Error {
+    /// A refusal that rests on the registered toolsets (the tool, its
+    /// schema) rather than on the request alone: it may change when they do.
+    pub fn rests_on_toolsets(&self) -> bool {
+        matches!(
+            self,
+            Error::UnknownTool(_) | Error::AmbiguousTool(_) | Error::InvalidArguments(_)
+        )
+    }
+}
+
 /// Shards of the per-thread lock: commands of one thread run one at a time
 /// (RAP: "within one group_id, the runtime processes messages one at a
 /// time"); a fixed table bounds memory whatever the number of threads.

@@ -228,6 +228,18 @@ impl Engine {
         }
     }
 
+    /// Whether a submission `precheck` refused for its tool or arguments
+    /// names a call already in its thread: then it is a retry, answered by
+    /// that call ([`Engine::submit`]), not refused.
+    pub async fn retries_a_call(&self, request: &Request, refused: &Error) -> bool {
+        let Request::Submit { call, .. } = request else {
+            return false;
+        };
+        let Some(id) = &call.id else { return false };
+        refused.rests_on_toolsets()
+            && matches!(self.store.call(&call.group_id, id).await, Ok(Some(_)))
+    }
+
     /// The thread a request is about, callbacks included.
     pub fn thread_of(&self, request: &Request) -> Result<String, Error> {
         match request {

@@ -4,7 +4,7 @@
 use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
 use ferry_proto::rap::{Callback, ViewUpdate};
 
-use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, ThreadState};
+use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, Submission, ThreadState};
 use super::{
     LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS, MAX_VIEW_BYTES,
 };
@@ -14,6 +14,14 @@ use super::{
 pub enum Command {
     /// An agent submits a call.
     Submit(NewCall),
+    /// An agent submits call `id` again, though its tool no longer resolves
+    /// or its arguments no longer validate (the toolset was deleted,
+    /// refreshed, or its name now clashes): only a retry of a call already
+    /// here can be answered.
+    Resubmit {
+        id: String,
+        submission: Submission,
+    },
     /// The built-in `cancel_subscription` tool: record the call, cancel the
     /// subscription `target` if it is active here, and answer at once.
     CancelSubscriptionTool {
@@ -101,6 +109,7 @@ impl Command {
     pub fn call_ids(&self) -> Vec<&str> {
         match self {
             Command::Submit(call) => vec![&call.id],
+            Command::Resubmit { id, .. } => vec![id],
             Command::CancelSubscriptionTool { call, target } => vec![&call.id, target],
             Command::DispatchAcked { id, .. }
             | Command::DispatchFailed { id, .. }
@@ -217,6 +226,13 @@ pub enum Rejection {
 pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Rejection> {
     match command {
         Command::Submit(call) => submit(state, call),
+        Command::Resubmit { id, submission } => {
+            if existing(state, id)?.submission == *submission {
+                Ok(Decision::nothing(Outcome::Duplicate))
+            } else {
+                Err(Rejection::Conflict(id.clone()))
+            }
+        }
         Command::CancelSubscriptionTool { call, target } => {
             cancel_subscription_tool(state, call, target)
         }
