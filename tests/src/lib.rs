@@ -7,6 +7,7 @@ pub mod cases;
 pub mod cluster;
 pub mod ferry;
 pub mod nats;
+pub mod proxy;
 pub mod sse;
 pub mod tool;
 

@@ -1376,3 +1376,49 @@ async fn a_retry_after_its_toolset_was_deleted_is_answered_by_its_call() {
     assert_eq!(a.count("g", "c1", "call_accepted").await, 1);
     assert_eq!(a.count("g", "new", "call_accepted").await, 0);
 }
+
+/// Core NATS delivers what the stream republishes at most once: a commit
+/// made while a node is reconnecting never reaches that node that way. A
+/// stream open on the node still delivers it once the node is back (before,
+/// it waited for the thread's next event, here forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_on_a_node_that_lost_nats_for_a_while_delivers_what_it_missed() {
+    let nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let proxy = ferry_tests::proxy::Proxy::start(&format!("127.0.0.1:{}", nats.port)).await;
+    let a = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    })
+    .await;
+    let b = Ferry::start(FerryOptions::runtime(&proxy.nats_url())).await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let (a_api, b_api) = (a.api(), b.api());
+    let call = json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c1"});
+    let (status, body) = a_api.submit(call).await;
+    assert_eq!(status, 202, "{body}");
+    let sent = tool.next_invocation().await.invocation;
+    a_api.wait_for("g", "c1", "call_dispatched").await;
+    let mut stream = SseReader::open(&b_api, "/v1/threads/g/stream", None).await;
+    for kind in ["call_accepted", "call_dispatched"] {
+        assert_eq!(stream.next().await.data["type"], kind);
+    }
+
+    proxy.cut();
+    eventually("B to lose NATS", Duration::from_secs(20), || async {
+        (b_api.get("/v1/threads/g").await.0 == 503).then_some(())
+    })
+    .await;
+    let (status, body) = a_api
+        .post(&path_of(&sent.callback_url), &result("g", "c1", "done"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    a_api.wait_for("g", "c1", "tool_result").await;
+    proxy.restore();
+
+    let missed = stream.next().await.data;
+    assert_eq!(
+        (&missed["type"], &missed["seq"]),
+        (&json!("tool_result"), &json!(3))
+    );
+}

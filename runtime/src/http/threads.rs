@@ -205,6 +205,11 @@ pub(crate) fn resume_point(
 /// The thread's durable events after `after`, then each new one as it
 /// becomes durable, read a page at a time; ends when a read fails. Both SSE
 /// views of a thread (native events, ACP messages) follow it.
+/// The first pause before a stream reads again after its storage was
+/// unavailable, and the longest.
+const UNAVAILABLE_FIRST: Duration = Duration::from_millis(250);
+const UNAVAILABLE_MOST: Duration = Duration::from_secs(5);
+
 pub(crate) fn follow(
     engine: Arc<Engine>,
     group_id: String,
@@ -216,15 +221,25 @@ pub(crate) fn follow(
         let group_id = group_id.clone();
         async move {
             let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
-            match crate::engine::reads::next_page(cursor, &mut tip, read).await {
-                Ok(Some(events)) => {
-                    let next = events.last().map_or(cursor, |e| e.seq);
-                    Some((events, (next, tip)))
-                }
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(group_id = %group_id, error = %e, "stream read failed");
-                    None
+            let mut pause = UNAVAILABLE_FIRST;
+            loop {
+                match crate::engine::reads::next_page(cursor, &mut tip, read).await {
+                    Ok(Some(events)) => {
+                        let next = events.last().map_or(cursor, |e| e.seq);
+                        return Some((events, (next, tip)));
+                    }
+                    Ok(None) => return None,
+                    // NATS unreachable for a while: the stream waits it
+                    // out (its keep-alives go on) rather than ending.
+                    Err(crate::engine::Error::Store(crate::store::Error::Unavailable(e))) => {
+                        tracing::warn!(group_id = %group_id, error = %e, "stream read failed; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(UNAVAILABLE_MOST);
+                    }
+                    Err(e) => {
+                        tracing::warn!(group_id = %group_id, error = %e, "stream read failed");
+                        return None;
+                    }
                 }
             }
         }

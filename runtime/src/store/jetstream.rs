@@ -103,7 +103,7 @@ pub struct JetStreamStore {
     js: jetstream::Context,
     stream: stream::Stream,
     toolsets: kv::Store,
-    tips: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    tips: Arc<Tips>,
     /// Per thread, commits already seen: event sequence → stream sequence
     /// of the commit ending there. Lets readers start mid-log.
     positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
@@ -211,6 +211,7 @@ impl JetStreamStore {
     }
 
     async fn follow_commits(self: &Arc<Self>, client: async_nats::Client) -> Result<(), Error> {
+        self.catch_up_after_reconnects(&client);
         // The stream's republish of what it stored: a commit that lost its
         // compare-and-set (or was never stored) must not move a reader.
         let mut commits = client
@@ -233,6 +234,46 @@ impl JetStreamStore {
             }
         });
         Ok(())
+    }
+
+    /// Core NATS delivers the republished commits at most once: those
+    /// published while this client was reconnecting never arrive, and a
+    /// stream waiting on its thread's tip would wait for the thread's next
+    /// commit. After each reconnect (seen within [`RECONNECT_CHECK`]),
+    /// every watched thread's tip is read again from the stream; the
+    /// reads go out after the client has subscribed again.
+    fn catch_up_after_reconnects(self: &Arc<Self>, client: &async_nats::Client) {
+        let statistics = client.statistics();
+        let connects = move || {
+            statistics
+                .connects
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
+        tokio::spawn(async move {
+            let mut seen = connects();
+            let mut every = tokio::time::interval(RECONNECT_CHECK);
+            loop {
+                every.tick().await;
+                let Some(watched) = tips.upgrade() else {
+                    return;
+                };
+                if connects() == seen {
+                    continue;
+                }
+                seen = connects();
+                let groups: Vec<String> =
+                    watched.lock().expect("tips lock").keys().cloned().collect();
+                drop(watched);
+                debug!(
+                    threads = groups.len(),
+                    "reconnected to NATS; reading watched tips again"
+                );
+                for group_id in groups {
+                    catch_up(&stream, &tips, group_id).await;
+                }
+            }
+        });
     }
 
     async fn follow_toolsets(self: &Arc<Self>) -> Result<(), Error> {
@@ -407,7 +448,29 @@ fn is_not_found(e: &stream::DirectGetError) -> bool {
     matches!(e.kind(), stream::DirectGetErrorKind::NotFound)
 }
 
-fn advance(tips: &Mutex<HashMap<String, watch::Sender<u64>>>, group_id: &str, seq: u64) {
+/// How often a node looks whether its NATS client reconnected.
+const RECONNECT_CHECK: Duration = Duration::from_secs(1);
+
+type Tips = Mutex<HashMap<String, watch::Sender<u64>>>;
+
+/// Moves the thread's tip to its last commit as the stream holds it now.
+async fn catch_up(stream: &stream::Stream, tips: &std::sync::Weak<Tips>, group_id: String) {
+    let Ok(message) = stream
+        .direct_get_last_for_subject(subjects::log(&group_id))
+        .await
+    else {
+        return;
+    };
+    let seq = message
+        .headers
+        .get(LAST_SEQ_HEADER)
+        .and_then(|v| v.as_str().parse::<u64>().ok());
+    if let (Some(seq), Some(tips)) = (seq, tips.upgrade()) {
+        advance(&tips, &group_id, seq);
+    }
+}
+
+fn advance(tips: &Tips, group_id: &str, seq: u64) {
     let tips = tips.lock().expect("tips lock");
     if let Some(tip) = tips.get(group_id) {
         tip.send_if_modified(|tip| {
@@ -527,23 +590,9 @@ impl Store for JetStreamStore {
                 .subscribe()
         };
         // The tip as stored now; commits after it arrive by subscription.
-        let (stream, subject, tips, g) = (
-            self.stream.clone(),
-            subjects::log(group_id),
-            Arc::downgrade(&self.tips),
-            group_id.to_owned(),
-        );
-        tokio::spawn(async move {
-            if let Ok(message) = stream.direct_get_last_for_subject(subject).await {
-                let seq = message
-                    .headers
-                    .get(LAST_SEQ_HEADER)
-                    .and_then(|v| v.as_str().parse::<u64>().ok());
-                if let (Some(seq), Some(tips)) = (seq, tips.upgrade()) {
-                    advance(&tips, &g, seq);
-                }
-            }
-        });
+        let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
+        let group_id_owned = group_id.to_owned();
+        tokio::spawn(async move { catch_up(&stream, &tips, group_id_owned).await });
         Watch::of_tip(receiver, &self.tips, group_id, |t| t.receiver_count() == 0)
     }
 
