@@ -26,10 +26,13 @@ pub async fn receive(
     request: Request,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
+    // A forged token is 403 whatever its body (issue 2), read or not.
+    if !app.engine.is_genuine(&token) {
+        return Err(crate::engine::Error::Forged.into());
+    }
     let limit = app.engine.config().max_body_bytes;
-    // Only a genuine token's oversized body is worth reading through.
-    let peek = || app.engine.is_genuine(&token);
-    let body = match read_body(request, limit, peek).await {
+    // A genuine token's oversized body is read through for its call.
+    let body = match read_body(request, limit, || true).await {
         Ok(body) => body,
         Err(BodyError::TooLarge { peek }) => {
             let peek = peek.unwrap_or_default();
