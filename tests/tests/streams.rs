@@ -457,6 +457,14 @@ async fn health_metrics_and_unknown_routes() {
     assert_eq!(accepted, Some(1.0), "{metrics}");
     let callbacks = sample(&metrics, "ferry_callbacks_total", "tool_result");
     assert!(callbacks.is_some_and(|n| n >= 1.0), "{metrics}");
+    // "a histogram of dispatch latency" (issue 2): buckets, not quantiles.
+    let latency = "ferry_dispatch_latency_seconds";
+    assert!(
+        metrics.contains(&format!("# TYPE {latency} histogram")),
+        "{metrics}"
+    );
+    let all = sample(&metrics, &format!("{latency}_bucket"), "le=\"+Inf\"");
+    assert_eq!(all, Some(1.0), "{metrics}");
 
     refused(&api.get("/v1/nowhere").await, 404, "not_found");
     refused(&api.get("/v1/threads/g/nowhere").await, 404, "not_found");
