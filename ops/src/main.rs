@@ -245,6 +245,10 @@ struct WorkerArgs {
     /// bounded by --max-in-flight).
     #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
     concurrency: usize,
+    /// Address to serve `/metrics` and `/healthz` on (a worker has no API;
+    /// its dispatch metrics live in its process). None when not given.
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[tokio::main]
@@ -270,6 +274,9 @@ async fn main() -> anyhow::Result<()> {
                 args.cluster.public_url.is_some(),
                 "a worker needs --public-url: the runtime nodes' address, for callback URLs"
             );
+            if let Some(listen) = args.metrics_listen {
+                serve_metrics(listen).await?;
+            }
             ferry_ops::cluster::run_worker(WorkerOptions {
                 dispatch: args.dispatch.config()?,
                 cluster: args.cluster.options(),
@@ -340,6 +347,39 @@ fn check_body_limit(max_body_bytes: usize) -> anyhow::Result<()> {
         max_body_bytes >= 1024,
         "--max-body-bytes must be at least 1024"
     );
+    Ok(())
+}
+
+/// Serves the process's `/metrics` and `/healthz` on `listen`, in the
+/// background.
+async fn serve_metrics(listen: SocketAddr) -> anyhow::Result<()> {
+    use axum::routing::get;
+    let render = install_metrics()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let metrics = move || {
+        let text = render();
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4",
+                )],
+                text,
+            )
+        }
+    };
+    let healthz = || async { axum::Json(serde_json::json!({"status": "ok"})) };
+    let router = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz));
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "the metrics listener failed");
+        }
+    });
     Ok(())
 }
 

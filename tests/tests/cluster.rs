@@ -1422,3 +1422,28 @@ async fn a_stream_on_a_node_that_lost_nats_for_a_while_delivers_what_it_missed()
         (&json!("tool_result"), &json!(3))
     );
 }
+
+/// A worker has no API, and dispatches in its own process: with
+/// `--metrics-listen` it serves its `/metrics` (dispatch outcomes, and
+/// latency as a histogram) and `/healthz`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_serves_its_dispatch_metrics() {
+    let c = Cluster::start(0).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let _worker =
+        FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--metrics-listen", &listen]).await;
+    c.dispatched(&c.a.api(), "g", "c1").await;
+    let get = |path: &str| reqwest::get(format!("http://{listen}{path}"));
+    let health: Value = get("/healthz").await.unwrap().json().await.unwrap();
+    assert_eq!(health["status"], "ok");
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    let acknowledged = r#"ferry_dispatch_outcomes_total{outcome="acknowledged"} 1"#;
+    assert!(metrics.contains(acknowledged), "{metrics}");
+    let latency = "# TYPE ferry_dispatch_latency_seconds histogram";
+    assert!(metrics.contains(latency), "{metrics}");
+}
