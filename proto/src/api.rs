@@ -10,7 +10,7 @@ use crate::rap::{ContentItem, DisplaySegment};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubmitCall {
     pub operation: String,
-    #[serde(default = "empty_object")]
+    /// Required, as in RAP's invocation (rap-1), even when empty (`{}`).
     pub arguments: Value,
     pub group_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -21,10 +21,6 @@ pub struct SubmitCall {
     pub user_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread_ancestors: Option<Vec<String>>,
-}
-
-fn empty_object() -> Value {
-    Value::Object(Map::new())
 }
 
 /// The answer to `POST /v1/calls`.

@@ -26,7 +26,10 @@ pub fn bad_submissions() -> Vec<(&'static str, Vec<u8>, u16, &'static str)> {
         ("not an object", b"[1, 2]".to_vec(), 400, "invalid_request"),
         ("missing operation", json!({"arguments": {}, "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
         ("missing group_id", json!({"operation": "op", "arguments": {}}).to_string().into(), 400, "invalid_request"),
-        ("empty operation", json!({"operation": "", "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
+        ("empty operation", json!({"operation": "", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
+        // rap-1: `arguments` is required, even when empty.
+        ("missing arguments", json!({"operation": "op", "group_id": "bad"}).to_string().into(), 400, "invalid_request"),
+        ("the fields as an array", json!(["op", {}, "bad", null, null, null, null]).to_string().into(), 400, "invalid_request"),
         ("unknown tool", json!({"operation": "nope", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),
         ("unknown toolset", json!({"operation": "zzz.op", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),
         ("unknown version", json!({"operation": "t.op@9", "arguments": {}, "group_id": "bad"}).to_string().into(), 400, "unknown_tool"),

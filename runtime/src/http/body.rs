@@ -207,6 +207,16 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 format!("malformed JSON: {e}"),
             )
         })?;
+        // Every body this API takes is an object; serde would also take a
+        // struct's fields as an array, in order.
+        if !value.is_object() {
+            let message = "the request body must be a JSON object";
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                message,
+            ));
+        }
         let parsed = serde_json::from_value(value).map_err(|e| {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
         })?;
