@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::Validator;
+use serde_json::map::Entry;
 use serde_json::{Map, Value};
 
 use super::StoredToolset;
@@ -98,33 +99,56 @@ pub fn check_arguments(validator: &Validator, arguments: &Value) -> Result<(), A
     for error in validator.iter_errors(arguments) {
         let path = error.instance_path.to_string();
         let path = path.trim_start_matches('/');
-        let (key, message) = match &error.kind {
+        let under = |name: &str| {
+            if path.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{path}/{name}")
+            }
+        };
+        let found: Vec<(String, String)> = match &error.kind {
             ValidationErrorKind::Required { property } => {
                 let name = property
                     .as_str()
                     .map_or_else(|| property.to_string(), str::to_owned);
-                let key = if path.is_empty() {
-                    name
-                } else {
-                    format!("{path}/{name}")
-                };
-                (key, "is required".to_owned())
+                vec![(under(&name), "is required".to_owned())]
             }
+            // Keyed by the parameters given, as the others are.
+            ValidationErrorKind::AdditionalProperties { unexpected } => unexpected
+                .iter()
+                .map(|name| (under(name), "is not a parameter of this tool".to_owned()))
+                .collect(),
             ValidationErrorKind::Type { kind } => {
                 let expected = match kind {
                     TypeKind::Single(t) => article(&t.to_string()),
                     TypeKind::Multiple(ts) => format!("one of {ts:?}"),
                 };
-                (path.to_owned(), format!("must be {expected}"))
+                vec![(path.to_owned(), format!("must be {expected}"))]
             }
-            _ => (path.to_owned(), error.masked().to_string()),
+            _ => vec![(path.to_owned(), error.masked().to_string())],
         };
-        let key = if key.is_empty() {
-            "arguments".to_owned()
-        } else {
-            key
-        };
-        errors.entry(key).or_insert(Value::String(message));
+        for (key, message) in found {
+            let key = if key.is_empty() {
+                "arguments".to_owned()
+            } else {
+                key
+            };
+            // Two errors at one place (the arguments as a whole, and a
+            // parameter named `arguments`, say) are both kept.
+            match errors.entry(key) {
+                Entry::Vacant(vacant) => {
+                    vacant.insert(Value::String(message));
+                }
+                Entry::Occupied(mut occupied) => {
+                    if let Value::String(said) = occupied.get_mut() {
+                        if !said.split("; ").any(|m| m == message) {
+                            said.push_str("; ");
+                            said.push_str(&message);
+                        }
+                    }
+                }
+            }
+        }
     }
     if errors.is_empty() {
         Ok(())
@@ -189,13 +213,30 @@ mod tests {
             json!([1]),
             json!({"arguments": "must be an object"}),
         );
+        check(
+            schema.clone(),
+            json!({"a": 1, "b": 2, "zz": 1, "yy": 2}),
+            json!({"zz": "is not a parameter of this tool", "yy": "is not a parameter of this tool"}),
+        );
+    }
+
+    /// A parameter named `arguments` shares its key with errors about the
+    /// arguments as a whole: both are said (a review found one dropped).
+    #[test]
+    fn errors_at_one_key_are_all_kept() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"arguments": {"type": "string"}},
+            "required": ["arguments"],
+            "minProperties": 2
+        });
         let got = check_arguments(
             &jsonschema::validator_for(&schema).unwrap(),
-            &json!({"a": 1, "b": 2, "zz": 1}),
-        );
-        assert!(got.unwrap_err()["arguments"]
-            .as_str()
-            .unwrap()
-            .contains("zz"));
+            &json!({"x": 1}),
+        )
+        .unwrap_err();
+        let said = got["arguments"].as_str().unwrap();
+        assert!(said.contains("is required"), "{said}");
+        assert!(said.contains("; "), "{said}");
     }
 }
