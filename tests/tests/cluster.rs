@@ -1447,3 +1447,55 @@ async fn a_worker_serves_its_dispatch_metrics() {
     let latency = "# TYPE ferry_dispatch_latency_seconds histogram";
     assert!(metrics.contains(latency), "{metrics}");
 }
+
+/// Text no compression shrinks: `n` pseudo-random letters and digits.
+fn noise(n: usize, seed: u64) -> String {
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            LETTERS[(state >> 33) as usize % LETTERS.len()] as char
+        })
+        .collect()
+}
+
+/// A result small enough for the node's check (four times its size fits
+/// NATS) can still make a commit NATS refuses, with the thread's views
+/// beside it. Before, the worker answered 500, which tools retry forever;
+/// now it is refused like any result too large, and its call fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_whose_commit_nats_refuses_fails_its_call() {
+    let c = Cluster::start(1).await;
+    let a = c.a.api();
+    let url = path_of(&c.dispatched(&a, "g", "c1").await);
+    let view = json!({"type": "view_update", "group_id": "g", "view_type": "big",
+        "content": noise(100_000, 1)});
+    let (status, body) = a.post(&url, &view).await;
+    assert_eq!(status, 200, "{body}");
+    // 4 × 240 KB passes the node; with 100 KB of views the commit is over
+    // NATS's 1 MiB.
+    let big = json!({"type": "tool_result", "group_id": "g", "id": "c1",
+        "content": [{"type": "text", "text": noise(240_000, 2)}]});
+    let (status, body) = a.post(&url, &big).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (413, &json!("payload_too_large")),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("with an error result saying so"),
+        "{message}"
+    );
+    let (_, call) = c.b.api().call("g", "c1").await;
+    assert_eq!(
+        (&call["status"], &call["result"]["is_error"]),
+        (&json!("failed"), &json!(true))
+    );
+    assert_eq!(a.count("g", "c1", "tool_result").await, 1);
+}

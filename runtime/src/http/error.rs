@@ -63,6 +63,10 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::InvalidToolset(_) => (S::UNPROCESSABLE_ENTITY, "invalid_toolset"),
         Error::Store(store::Error::Conflict(_)) => (S::SERVICE_UNAVAILABLE, "busy"),
         Error::Store(store::Error::Unavailable(_)) => (S::SERVICE_UNAVAILABLE, "unavailable"),
+        // What a result would be stored as, with the thread's metadata, is
+        // more than NATS carries: refused like a body over the limit (a
+        // tool's result then fails its call, `http::callbacks`).
+        Error::Store(store::Error::TooLarge(_)) => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
         Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
         Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
         // Its own code is in its body (`From<Error> for ApiError`).

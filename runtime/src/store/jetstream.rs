@@ -409,7 +409,7 @@ impl JetStreamStore {
             .map_err(|e| match e.kind() {
                 // Never accepted, however often tried: not a NATS outage.
                 PublishErrorKind::MaxPayloadExceeded => {
-                    Error::Backend(format!("a commit larger than NATS accepts: {e}"))
+                    Error::TooLarge(format!("a commit larger than NATS accepts: {e}"))
                 }
                 _ => backend(e),
             })?;

@@ -41,6 +41,10 @@ pub enum Error {
     /// applied a second time, after a worker died before acking it).
     #[error("thread {0:?} already holds this request's commit")]
     AlreadyApplied(String),
+    /// The commit is larger than the store accepts (NATS's `max_payload`),
+    /// however often it is tried.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// A receiver of a thread's last durable sequence number. Dropping it lets
