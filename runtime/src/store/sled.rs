@@ -1106,13 +1106,9 @@ mod tests {
         assert!(matches!(stale, Err(Error::Conflict(_))));
     }
 
-    /// A reader of a thread nobody watches (a plain `/events` read) must
-    /// not show a commit inserted during its scan, before that commit's
-    /// flush. A race, so many trials, each starting the write at a
-    /// slightly later point of the scan (65 of 300 showed it before the
-    /// fix).
-    #[test]
-    fn a_reader_without_a_watch_never_shows_an_unflushed_commit() {
+    /// A store for races between a reader on its own OS thread and writes
+    /// driven from the test's thread: the runtime, its directory, the store.
+    fn racing_store() -> (tokio::runtime::Runtime, tempfile::TempDir, Arc<SledStore>) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -1120,6 +1116,17 @@ mod tests {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(rt.block_on(async { SledStore::open(dir.path()) }).unwrap());
+        (rt, dir, store)
+    }
+
+    /// A reader of a thread nobody watches (a plain `/events` read) must
+    /// not show a commit inserted during its scan, before that commit's
+    /// flush. A race, so many trials, each starting the write at a
+    /// slightly later point of the scan (65 of 300 showed it before the
+    /// fix).
+    #[test]
+    fn a_reader_without_a_watch_never_shows_an_unflushed_commit() {
+        let (rt, _dir, store) = racing_store();
         // A long thread, so that a scan from 0 takes a while.
         let mut seq = 900u64;
         rt.block_on(async {
@@ -1168,13 +1175,7 @@ mod tests {
     /// Found by a review.
     #[test]
     fn calls_lists_a_call_whose_thread_moves_on_during_the_listing() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(rt.block_on(async { SledStore::open(dir.path()) }).unwrap());
+        let (rt, _dir, store) = racing_store();
         // Many moved calls, so that the listing's scan of pointers takes a while.
         let mut seq = 0u64;
         rt.block_on(async {
