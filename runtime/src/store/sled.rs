@@ -345,9 +345,14 @@ impl SledStore {
         // Where they are now: the last commit, which carries them.
         let at = Moved::pointer(last.as_ref().map_or(0, |l| l.meta.last_seq));
         for call in moved {
-            self.calls
-                .insert(keys::call(group_id, &call.id), at.as_slice())
-                .map_err(backend)?;
+            let pointed = self
+                .calls
+                .insert(keys::call(group_id, &call.id), at.as_slice());
+            if let Err(e) = pointed {
+                // As for a commit: sled failed a write; nothing more goes in.
+                self.poisoned.store(true, Ordering::SeqCst);
+                return Err(backend(e));
+            }
         }
         let mut commit = Commit::of(&write);
         {
