@@ -34,7 +34,13 @@ impl Engine {
         timeout_secs: u64,
         ancestors: Option<&[String]>,
     ) -> Result<Gate, Error> {
-        let deadline = SystemTime::now() + Duration::from_secs(timeout_secs);
+        // Kept to the second, rounded up: a gate that closed up to a second
+        // early left a reviewer of a 1 s timeout no time at all.
+        let at = (SystemTime::now() + Duration::from_secs(timeout_secs))
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let whole = at.as_secs() + u64::from(at.subsec_nanos() > 0);
+        let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(whole);
         let mut inherited = None;
         // Root first on the wire: the parent is last, and nearest wins.
         for ancestor in ancestors.unwrap_or_default().iter().rev() {
@@ -68,7 +74,10 @@ impl Engine {
                 "unknown optionId {option_id:?}; expected allow_once, allow_always, reject_once or reject_always"
             ))
         })?;
-        if reviewer.is_empty() || reviewer == TIMEOUT_REVIEWER || reviewer.starts_with("grant:") {
+        if reviewer.is_empty()
+            || reviewer == TIMEOUT_REVIEWER
+            || reviewer.starts_with(crate::thread::GRANT_REVIEWER_PREFIX)
+        {
             return Err(Error::InvalidRequest(format!(
                 "reviewer {reviewer:?} is empty or reserved"
             )));

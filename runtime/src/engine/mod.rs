@@ -510,6 +510,21 @@ mod tests {
         assert_eq!(invocation.id, "c1");
     }
 
+    /// The gate's deadline is kept to the second; it is rounded up, never
+    /// down (a review measured timeouts of 1 s firing after 0.04 s).
+    #[tokio::test]
+    async fn an_approval_deadline_is_never_before_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(Arc::new(SledStore::open(dir.path()).unwrap()));
+        for _ in 0..20 {
+            let earliest = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+            let gate = engine.gate("demo.echo@1.0.0", 1, None).await.unwrap();
+            let deadline = humantime::parse_rfc3339(&gate.deadline).unwrap();
+            assert!(deadline >= earliest, "{} is early", gate.deadline);
+            tokio::time::sleep(std::time::Duration::from_millis(37)).await;
+        }
+    }
+
     /// Recovery re-arms every pending approval each time it runs (every
     /// minute on a cluster worker): one timer per call, not one per sweep.
     #[tokio::test]

@@ -6,7 +6,8 @@ use ferry_proto::rap::{Callback, ViewUpdate};
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, Submission, ThreadState};
 use super::{
-    LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS, MAX_VIEW_BYTES,
+    GRANT_REVIEWER_PREFIX, LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS,
+    MAX_VIEWS, MAX_VIEW_BYTES,
 };
 
 /// Something asked of a thread.
@@ -517,7 +518,7 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
                 &call.id,
                 &call.tool,
                 kind,
-                &format!("grant:{from}"),
+                &format!("{GRANT_REVIEWER_PREFIX}{from}"),
                 None,
             )),
             None => changes.push(Change::of(

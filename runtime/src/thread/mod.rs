@@ -36,6 +36,11 @@ pub const MAX_ACTIVE_SUBSCRIPTIONS: usize = 64;
 /// thread heavier with each one.
 pub const MAX_VIEWS: usize = 32;
 
+/// Starts the reviewer of a decision a standing grant made (`grant:` and
+/// the thread that holds it): an application of a grant, never a grant of
+/// its own. Reserved: no human reviewer may be named so.
+pub const GRANT_REVIEWER_PREFIX: &str = "grant:";
+
 /// The bytes (names, and contents as JSON) one thread's views may hold
 /// together, for the same reason: every later commit of the thread carries
 /// them. A cluster commit must also fit NATS's `max_payload` (1 MiB by

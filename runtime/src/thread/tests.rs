@@ -863,6 +863,33 @@ fn standing_grants_apply_to_later_calls_until_revoked() {
     );
 }
 
+/// A call let through (or refused) by an ancestor's grant records who
+/// decided (`grant:root`) but grants nothing here: the ancestor revoking or
+/// changing its grant must reach this thread's next call, and this thread
+/// must pass nothing of its own to its children (a review found the copy
+/// outliving the revocation, and a destructive tool run without approval).
+#[test]
+fn an_inherited_grant_is_applied_not_copied() {
+    let state = check(vec![
+        (
+            gated("a", Some((PermissionKind::AllowAlways, "root"))),
+            Ok(&["call_accepted", "approval_decided"]),
+        ),
+        (
+            gated("b", Some((PermissionKind::RejectAlways, "root"))),
+            Ok(&["call_accepted", "approval_decided", "tool_result"]),
+        ),
+        // The ancestor's grant is gone: the next call waits for a reviewer.
+        (
+            gated("c", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+    ]);
+    assert!(state.meta.grants.is_empty(), "{:?}", state.meta.grants);
+    assert_eq!(status(&state, "a"), CallStatus::Queued);
+    assert_eq!(status(&state, "b"), CallStatus::Rejected);
+}
+
 #[test]
 fn a_pending_approval_can_be_cancelled_and_then_not_decided() {
     check(vec![
