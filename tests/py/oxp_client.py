@@ -10,6 +10,7 @@ The Rust tests in tests/tests/oxp.rs run it against a real ferry.
         [--call-id ID] [--user-id U] [--schema urn:oxp:1.0]
 
 Auth options: --bearer TOKEN, or --jwt-secret S [--jwt-exp-in SECONDS]
+[--jwt-nbf-in SECONDS]
 [--jwt-aud AUD] to mint an HS256 token with PyJWT, and --api-key KEY for
 the OXP-API-Key header.
 """
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--jwt-secret")
     p.add_argument("--jwt-exp-in", type=int, default=300)
     p.add_argument("--jwt-aud")
+    p.add_argument("--jwt-nbf-in", type=int)
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("command", choices=["health", "list", "call"])
@@ -45,6 +47,8 @@ def main() -> None:
         claims = {"sub": "ferry-tests", "exp": int(time.time()) + a.jwt_exp_in}
         if a.jwt_aud:
             claims["aud"] = a.jwt_aud
+        if a.jwt_nbf_in is not None:
+            claims["nbf"] = int(time.time()) + a.jwt_nbf_in
         bearer = jwt.encode(claims, a.jwt_secret, algorithm="HS256")
     headers = {"OXP-API-Key": a.api_key} if a.api_key else None
     # No automatic retries: each test asserts on one answer.

@@ -263,9 +263,11 @@ async fn auth_takes_a_short_lived_jwt_or_an_api_key() {
         true
     );
 
-    // Expired, wrong audience, valid for too long: 401, and nothing runs.
+    // Expired, not yet valid, wrong audience, valid for too long: 401, and
+    // nothing runs.
     for bad in [
         jwt(&["--jwt-exp-in", "-60"]),
+        jwt(&["--jwt-nbf-in", "120"]),
         jwt(&["--jwt-aud", "someone-else"]),
         jwt(&["--jwt-exp-in", "3600"]),
     ] {

@@ -55,6 +55,8 @@ impl Auth {
             let mut validation = Validation::new(Algorithm::HS256);
             validation.set_required_spec_claims(&["exp"]);
             validation.leeway = 0;
+            // RFC 7519 §4.1.5: not accepted before its `nbf`.
+            validation.validate_nbf = true;
             // With no audience configured, a token naming one is refused:
             // it was issued for someone else.
             if let Some(aud) = &config.jwt_audience {
