@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
+use futures::future::join_all;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -287,6 +288,59 @@ async fn a_cancelled_outcome_cancels_the_call() {
     assert_eq!(ferry.api().thread("g-cancel").await.1["last_seq"], before);
 }
 
+/// A permission Ferry asked for and that was decided since (by a reviewer,
+/// or by the client's other answer) is answered 409 like the native API,
+/// not "unknown request"; a `selected` and a `cancelled` sent at once
+/// yield one outcome, the other answer refused (a review had both taken).
+#[tokio::test]
+async fn a_decided_permission_answered_again_is_409_and_races_take_one_outcome() {
+    let ferry = Ferry::with_demo().await;
+    let api = ferry.api();
+    submit(&ferry, "g-twice", "d1", "drop_table", json!({"table": "t"})).await;
+    api.wait_for("g-twice", "d1", "approval_requested").await;
+    let decide = json!({"optionId": "allow_once", "reviewer": "ana"});
+    assert_eq!(api.post("/v1/approvals/g-twice/d1", &decide).await.0, 200);
+    let id = json!("ferry-permission:d1");
+    let cancelled =
+        json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}});
+    for body in [
+        selected(&id, "reject_once").to_string(),
+        cancelled.to_string(),
+    ] {
+        let (status, answer) = respond(&ferry, "g-twice", &body).await;
+        assert_eq!(status, 409, "{body}: {answer:?}");
+    }
+
+    let calls: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
+    for id in &calls {
+        submit(&ferry, "g-race", id, "drop_table", json!({"table": "t"})).await;
+        api.wait_for("g-race", id, "approval_requested").await;
+    }
+    let answers = calls.iter().map(|id| {
+        let id = json!(format!("ferry-permission:{id}"));
+        let allow = selected(&id, "allow_once").to_string();
+        let cancel =
+            json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "cancelled"}}})
+                .to_string();
+        let ferry = &ferry;
+        async move {
+            let (a, c) = tokio::join!(
+                respond(ferry, "g-race", &allow),
+                respond(ferry, "g-race", &cancel)
+            );
+            (a.0, c.0)
+        }
+    });
+    for ((allowed, cancelled), id) in join_all(answers).await.into_iter().zip(&calls) {
+        let mut statuses = [allowed, cancelled];
+        statuses.sort();
+        assert_eq!(statuses, [202, 409], "{id}");
+        let decided = api.count("g-race", id, "approval_decided").await;
+        let gone = api.count("g-race", id, "call_cancelled").await;
+        assert_eq!(decided + gone, 1, "{id}: one outcome");
+    }
+}
+
 #[tokio::test]
 async fn the_stream_resumes_after_last_event_id() {
     let ferry = Ferry::with_demo().await;
@@ -326,7 +380,11 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
         json!({"jsonrpc": "2.0", "id": "ferry-permission:drop-3", "result": {}}).to_string();
     let a_request =
         json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {}}).to_string();
-    let cases: [(&str, u16, i64); 6] = [
+    let mut both = selected(&json!("ferry-permission:drop-3"), "allow_once");
+    both["error"] = json!({"code": 1, "message": "could not ask"});
+    let both = both.to_string();
+    let cases: [(&str, u16, i64); 7] = [
+        (&both, 400, -32600),
         (&unknown, 404, -32602),
         (&foreign, 404, -32602),
         (&wrong_option, 422, -32602),

@@ -16,7 +16,6 @@ use super::messages::PERMISSION_PREFIX;
 use crate::engine::Error;
 use crate::http::path::Path;
 use crate::http::AppState;
-use crate::thread::Rejection;
 
 /// The reviewer name decisions made over ACP are recorded under.
 pub const ACP_REVIEWER: &str = "acp";
@@ -108,9 +107,21 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
         Err(Error::NotFound(_)) => return Err(unknown(&id)),
         Err(e) => return Err(engine_error(&id, e)),
     };
-    if call.approval_deadline.is_none() && call.status != CallStatus::PendingApproval {
-        // Ferry never asked permission for this call.
+    let asked = call.status == CallStatus::PendingApproval
+        || call.approval_deadline.is_some()
+        || call.approval.is_some();
+    if !asked {
+        // Ferry never asked permission for this call. One it asked and
+        // that was decided since is answered 409 below, as natively.
         return Err(unknown(&id));
+    }
+    if object.contains_key("error") && object.contains_key("result") {
+        return Err(rpc(
+            StatusCode::BAD_REQUEST,
+            &id,
+            INVALID_REQUEST,
+            "Invalid Request: a response has result or error, not both",
+        ));
     }
     if object.contains_key("error") {
         // The client could not ask its user; the call keeps waiting for
@@ -150,16 +161,7 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             .map_err(|e| engine_error(&id, e))?;
         }
         (Some("cancelled"), _) => {
-            if call.status != CallStatus::PendingApproval {
-                return Err(engine_error(
-                    &id,
-                    Error::Rejected(Rejection::NotPendingApproval {
-                        id: call_id.to_owned(),
-                        status: call.status,
-                    }),
-                ));
-            }
-            detached(async move { engine.cancel_call(&g, &c).await.map(|_| ()) })
+            detached(async move { engine.withdraw(&g, &c).await.map(|_| ()) })
                 .await
                 .map_err(|e| engine_error(&id, e))?;
         }

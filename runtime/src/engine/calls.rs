@@ -244,6 +244,18 @@ impl Engine {
         Ok(call)
     }
 
+    /// Cancels a call still waiting for approval (a client cancelled its
+    /// permission prompt). One decided meanwhile is refused (409), in the
+    /// same decision, so a racing approval and cancel yield one outcome.
+    pub async fn withdraw(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+        let executed = self
+            .execute(group_id, Command::Withdraw { id: id.into() })
+            .await?;
+        self.disarm(group_id, id);
+        self.subscription_closed(group_id, id);
+        Ok(executed.state.calls[id].clone())
+    }
+
     /// Cancels an active subscription of this thread.
     #[instrument(skip(self))]
     pub async fn cancel_subscription(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {

@@ -128,8 +128,9 @@ fn render(result: Option<&ferry_proto::api::CallResult>, wanted: &[&str]) -> Val
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Choice {
+    /// Signed, so a negative index is out of range (422) like any other.
     #[serde(default)]
-    index: Option<usize>,
+    index: Option<i64>,
     #[serde(default)]
     choice: Option<String>,
 }
@@ -146,10 +147,24 @@ pub async fn choose(
             "give exactly one of \"index\" or \"choice\"",
         ));
     }
+    let index = match choice.index.map(usize::try_from) {
+        Some(Err(_)) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_choice",
+                format!(
+                    "index {} is not one of the choices",
+                    choice.index.unwrap_or_default()
+                ),
+            ))
+        }
+        Some(Ok(index)) => Some(index),
+        None => None,
+    };
     let request = Request::Choose {
         group_id: group_id.clone(),
         id,
-        index: choice.index,
+        index,
         text: choice.choice,
     };
     call_reply(&app, &group_id, request).await

@@ -59,6 +59,11 @@ pub enum Command {
     Cancel {
         id: String,
     },
+    /// A human-facing client cancelled the permission prompt of call `id`:
+    /// cancel it if it still waits for approval, refuse if it was decided.
+    Withdraw {
+        id: String,
+    },
     /// The agent cancels an active subscription.
     CancelSubscription {
         id: String,
@@ -116,6 +121,7 @@ impl Command {
             | Command::DispatchFailed { id, .. }
             | Command::ResultRefused { id, .. }
             | Command::Cancel { id }
+            | Command::Withdraw { id }
             | Command::CancelSubscription { id }
             | Command::Lost { id }
             | Command::Decide { id, .. }
@@ -311,6 +317,16 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             };
             Ok(Decision::applied(vec![Change::of(id, kind)]))
         }
+        Command::Withdraw { id } => match existing(state, id)?.status {
+            CallStatus::PendingApproval => Ok(Decision::applied(vec![Change::of(
+                id,
+                EventKind::CallCancelled {},
+            )])),
+            status => Err(Rejection::NotPendingApproval {
+                id: id.clone(),
+                status,
+            }),
+        },
         Command::CancelSubscription { id } => {
             if !state.meta.active_subscriptions.contains(id) {
                 return Err(Rejection::NotSubscribed(id.clone()));
