@@ -548,6 +548,27 @@ async fn stateless_requests_check_their_envelope_and_take_the_thread_from_meta()
     named["arguments"] = json!({"text": "other"});
     let conflict = raw.stateless("tools/call", named, Some("echo")).await;
     assert_eq!(conflict.body["error"]["code"], -32602, "{}", conflict.body);
+
+    // Without a thread in `_meta` too: the named call's own thread holds
+    // it, so the retry meets it (before, each went to a new thread and ran
+    // again, other arguments included).
+    let mut bare = echo.clone();
+    bare["_meta"] = json!({"io.ferry/id": "call-2"});
+    let mut threads = vec![];
+    for _ in 0..2 {
+        let answer = raw
+            .stateless("tools/call", bare.clone(), Some("echo"))
+            .await;
+        assert_eq!(text_of(&answer.body["result"]), "meta", "{}", answer.body);
+        threads.push(answer.body["result"]["_meta"]["io.ferry/group_id"].clone());
+    }
+    assert_eq!(threads[0], threads[1]);
+    let thread = threads[0].as_str().unwrap();
+    assert!(thread.starts_with("mcp-call-"), "{thread}");
+    assert_eq!(api.count(thread, "call-2", "call_accepted").await, 1);
+    bare["arguments"] = json!({"text": "other"});
+    let conflict = raw.stateless("tools/call", bare, Some("echo")).await;
+    assert_eq!(conflict.body["error"]["code"], -32602, "{}", conflict.body);
 }
 
 #[tokio::test]

@@ -165,13 +165,27 @@ pub fn placement(ctx: &Context, params: &Map<String, Value>) -> Result<Placement
     let group_id = match (string(GROUP_ID_META)?, &ctx.session) {
         (Some(g), _) => g,
         (None, Some(session)) => session.clone(),
-        (None, None) => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
+        // Stateless, a call the client named has a thread named after it,
+        // so a retry of it meets the call (one dispatch); others get one
+        // of their own.
+        (None, None) => match string(CALL_ID_META)? {
+            Some(id) => format!("mcp-call-{}", named_thread(&id)),
+            None => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
+        },
     };
     Ok(Placement {
         group_id,
         thread_ancestors,
         user_id: string(USER_ID_META)?,
     })
+}
+
+/// The thread part of a stateless call named `id`: a digest, since an id
+/// may be as long as a thread name may.
+fn named_thread(id: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A call Ferry accepted for an MCP request.
