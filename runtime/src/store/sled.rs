@@ -1124,6 +1124,25 @@ mod tests {
         (rt, dir, store)
     }
 
+    /// Runs `read` on an OS thread and runtime of its own, to race the
+    /// writes the test makes meanwhile; its answer comes with the join.
+    fn reading<T, F>(
+        store: &Arc<SledStore>,
+        read: impl FnOnce(Arc<SledStore>) -> F + Send + 'static,
+    ) -> std::thread::JoinHandle<T>
+    where
+        F: std::future::Future<Output = Result<T, Error>>,
+        T: Send + 'static,
+    {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(read(store)).unwrap()
+        })
+    }
+
     /// A reader of a thread nobody watches (a plain `/events` read) must
     /// not show a commit inserted during its scan, before that commit's
     /// flush. A race, so many trials, each starting the write at a
@@ -1147,15 +1166,7 @@ mod tests {
         assert!(store.tips.lock().unwrap().is_empty(), "an idle thread");
         let mut shown_early = 0;
         for trial in 0..300u64 {
-            let reader = {
-                let store = store.clone();
-                std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .build()
-                        .unwrap();
-                    rt.block_on(store.events("g", 0, 1000)).unwrap()
-                })
-            };
+            let reader = reading(&store, |s| async move { s.events("g", 0, 1000).await });
             // Jitter, not synchronisation: where in the scan the write lands.
             std::thread::sleep(std::time::Duration::from_micros((trial % 20) * 50));
             seq += 1;
@@ -1204,15 +1215,7 @@ mod tests {
                 seq,
                 &[with_status(&id, CallStatus::Queued)],
             ));
-            let reader = {
-                let store = store.clone();
-                std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .build()
-                        .unwrap();
-                    rt.block_on(store.calls("g")).unwrap()
-                })
-            };
+            let reader = reading(&store, |s| async move { s.calls("g").await });
             std::thread::sleep(std::time::Duration::from_micros((trial % 20) * 100));
             // The thread moves on: the new call gets its pointer, the new
             // last commit carries another call.
