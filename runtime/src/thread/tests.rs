@@ -952,3 +952,54 @@ fn a_result_refused_for_its_size_ends_only_a_call_still_waiting() {
     assert_eq!(status(&state, "done"), CallStatus::Completed);
     assert_eq!(status(&state, "gone"), CallStatus::Cancelled);
 }
+
+/// A retry whose tool no longer resolves is answered by the call already
+/// here (same body) or refused (409, another body); with no such call it
+/// is `UnknownCall`, and the engine keeps the original refusal.
+#[test]
+fn a_resubmission_is_answered_only_by_a_call_already_here() {
+    let resubmit = |id: &str, text: &str| Command::Resubmit {
+        id: id.into(),
+        submission: new_call(id, json!({"text": text})).submission,
+    };
+    check(vec![
+        (resubmit("a", "x"), Err(Rejection::UnknownCall("a".into()))),
+        (
+            Command::Submit(new_call("a", json!({"text": "x"}))),
+            Ok(&["call_accepted"]),
+        ),
+        (resubmit("a", "x"), Ok(&[])),
+        (resubmit("a", "y"), Err(Rejection::Conflict("a".into()))),
+    ]);
+}
+
+/// A client's cancelled permission prompt cancels only a call still
+/// waiting for approval: once decided, it is refused, not cancelled.
+#[test]
+fn a_withdrawn_prompt_cancels_only_a_call_pending_approval() {
+    let withdraw = |id: &str| Command::Withdraw { id: id.into() };
+    let state = check(vec![
+        (
+            gated("a", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (withdraw("a"), Ok(&["call_cancelled"])),
+        (
+            gated("b", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            decide_as("b", PermissionKind::AllowOnce),
+            Ok(&["approval_decided"]),
+        ),
+        (
+            withdraw("b"),
+            Err(Rejection::NotPendingApproval {
+                id: "b".into(),
+                status: CallStatus::Queued,
+            }),
+        ),
+    ]);
+    assert_eq!(status(&state, "a"), CallStatus::Cancelled);
+    assert_eq!(status(&state, "b"), CallStatus::Queued);
+}
