@@ -394,13 +394,14 @@ pub fn now() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::bus::LocalBus;
     use crate::store::SledStore;
     use crate::thread::{NewCall, Submission};
 
-    fn engine(store: Arc<SledStore>) -> Engine {
+    /// An engine on `store`, its tokens minted with the secret `secret`.
+    pub(crate) fn engine(store: Arc<SledStore>) -> Engine {
         Engine::new(
             Config::default(),
             store,
@@ -410,7 +411,8 @@ mod tests {
         )
     }
 
-    fn call(id: &str, text: &str) -> NewCall {
+    /// A call of `demo.echo` with no tool to dispatch to.
+    pub(crate) fn call(id: &str, text: &str) -> NewCall {
         NewCall {
             id: id.into(),
             submission: Submission {

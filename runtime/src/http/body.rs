@@ -49,18 +49,13 @@ impl From<BodyError> for ApiError {
 
 /// Reads the whole body if it fits in `limit` bytes.
 pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
-    Ok(read_body(req, limit, || false).await?)
+    Ok(read_body(req, limit, false).await?)
 }
 
-/// [`read_bytes`]; if `peek` says so once the body is over the limit, it
-/// is also read for what it says ([`Peek`]) while it drains, on a
-/// blocking thread, keeping none of it.
-pub async fn read_body(
-    req: Request,
-    limit: usize,
-    peek: impl FnOnce() -> bool,
-) -> Result<Bytes, BodyError> {
-    let mut peek = Some(peek);
+/// [`read_bytes`]; with `peek`, a body over the limit is also read for
+/// what it says ([`Peek`]) while it drains, on a blocking thread, keeping
+/// none of it.
+pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Bytes, BodyError> {
     let declared = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -90,7 +85,7 @@ pub async fn read_body(
             body.extend_from_slice(&chunk);
         } else if let Some(peeker) = &peeker {
             peeker.feed(chunk).await;
-        } else if peek.take().is_some_and(|peek| peek()) {
+        } else if std::mem::take(&mut peek) {
             // Once: with no thread to spare, what follows only drains.
             let prefix = Bytes::from(std::mem::take(&mut body));
             if let Some(started) = Peeker::start() {
@@ -243,18 +238,18 @@ mod tests {
             r#"","type":"tool_result"}"#,
         ];
         // Under the limit: the body itself, nothing peeked.
-        let read = read_body(post(body.clone()), 1 << 10, || panic!("not over")).await;
+        let read = read_body(post(body.clone()), 1 << 10, true).await;
         assert!(read.is_ok_and(|b| b.ends_with(b"}")));
         // Over it: what it says, however it was cut into chunks.
         let Err(BodyError::TooLarge { peek: Some(peek) }) =
-            read_body(post(body.clone()), 16, || true).await
+            read_body(post(body.clone()), 16, true).await
         else {
             panic!("over the limit, peeked");
         };
         assert_eq!(peek.kind.as_deref(), Some("tool_result"));
         assert_eq!(peek.group_id.as_deref(), Some("g"));
         // Not asked to peek: only refused.
-        let refused = read_body(post(body.clone()), 16, || false).await;
+        let refused = read_body(post(body.clone()), 16, false).await;
         assert!(matches!(refused, Err(BodyError::TooLarge { peek: None })));
         // With every peeker taken, a body only drains; a slot given back
         // is taken again.
@@ -262,10 +257,10 @@ mod tests {
         let taken: Vec<_> = (0..MAX_PEEKERS)
             .map(|_| PeekerSlot::take().unwrap())
             .collect();
-        let drained = read_body(post(body.clone()), 16, || true).await;
+        let drained = read_body(post(body.clone()), 16, true).await;
         assert!(matches!(drained, Err(BodyError::TooLarge { peek: None })));
         drop(taken);
-        let again = read_body(post(body), 16, || true).await;
+        let again = read_body(post(body), 16, true).await;
         assert!(matches!(again, Err(BodyError::TooLarge { peek: Some(_) })));
         assert_eq!(PEEKERS.load(Ordering::Acquire), 0);
     }

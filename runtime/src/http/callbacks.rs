@@ -32,7 +32,7 @@ pub async fn receive(
     }
     let limit = app.engine.config().max_body_bytes;
     // A genuine token's oversized body is read through for its call.
-    let body = match read_body(request, limit, || true).await {
+    let body = match read_body(request, limit, true).await {
         Ok(body) => body,
         Err(BodyError::TooLarge { peek }) => {
             let peek = peek.unwrap_or_default();
@@ -100,10 +100,10 @@ mod tests {
     use ferry_proto::api::CallStatus;
     use tower::ServiceExt;
 
-    use crate::bus::LocalBus;
-    use crate::engine::{Config, Engine};
+    use crate::engine::tests::{call, engine};
+    use crate::engine::Config;
     use crate::store::{SledStore, Store};
-    use crate::thread::{Command, NewCall, Submission};
+    use crate::thread::Command;
     use crate::token::Capabilities;
 
     /// When the failure of a result refused for its size cannot be
@@ -114,27 +114,8 @@ mod tests {
     async fn a_result_refused_for_its_size_is_a_5xx_when_its_failure_cannot_be_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SledStore::open(dir.path()).unwrap());
-        let engine = Arc::new(Engine::new(
-            Config::default(),
-            store.clone(),
-            Arc::new(LocalBus::new()),
-            Capabilities::new(b"secret"),
-            reqwest::Client::new(),
-        ));
-        let submission = Submission {
-            operation: "echo".into(),
-            arguments: serde_json::json!({}),
-            call_id: None,
-            user_id: None,
-            thread_ancestors: None,
-        };
-        let call = NewCall {
-            id: "c1".into(),
-            submission,
-            tool: "demo.echo@1.0.0".into(),
-            target: None,
-            gate: None,
-        };
+        let engine = Arc::new(engine(store.clone()));
+        let call = call("c1", "a");
         engine.execute("g", Command::Submit(call)).await.unwrap();
         let token = Capabilities::new(b"secret").mint("g", "c1");
         let result = serde_json::json!({
