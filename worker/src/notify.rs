@@ -152,12 +152,15 @@ impl Notifier {
         else {
             return CallLiveness::Unknown;
         };
+        // rap-3 prunes on a 4xx only; anything else that is not a 2xx (a
+        // 5xx, a redirect this client does not follow) says nothing about
+        // the call, and Ferry never prunes on unknown.
         let status = response.status();
-        if status.is_server_error() {
-            return CallLiveness::Unknown;
+        if status.is_client_error() {
+            return CallLiveness::Lost;
         }
         if !status.is_success() {
-            return CallLiveness::Lost;
+            return CallLiveness::Unknown;
         }
         // A body cut short (reset, timeout) is a transport error: keep
         // waiting. Only a body that arrived whole and is not the reply
@@ -258,13 +261,28 @@ mod tests {
             CallLiveness::Lost
         );
         assert_eq!(liveness(reply("not json")).await, CallLiveness::Lost);
-        assert_eq!(
-            liveness("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await,
-            CallLiveness::Lost
-        );
-        assert_eq!(
-            liveness("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").await,
-            CallLiveness::Unknown
-        );
+    }
+
+    #[tokio::test]
+    async fn only_a_4xx_status_prunes() {
+        let status = |line: &'static str| -> &'static str {
+            Box::leak(
+                format!("HTTP/1.1 {line}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .into_boxed_str(),
+            )
+        };
+        assert_eq!(liveness(status("404 Not Found")).await, CallLiveness::Lost);
+        assert_eq!(liveness(status("410 Gone")).await, CallLiveness::Lost);
+        for unknown in [
+            "503 Service Unavailable",
+            "307 Temporary Redirect",
+            "302 Found",
+        ] {
+            assert_eq!(
+                liveness(status(unknown)).await,
+                CallLiveness::Unknown,
+                "{unknown}"
+            );
+        }
     }
 }
