@@ -232,3 +232,34 @@ async fn a_4xx_or_unreadable_status_answer_prunes_the_call() {
         assert_eq!(ferry.api().call("g", "c").await.1["status"], "failed");
     }
 }
+
+/// A `subscription_event` that came before the tool's 200 was recorded
+/// proves the tool has the call: after a kill -9 the call is not left
+/// queued with nothing to send (a review found it stuck so forever), it is
+/// asked about like any dispatched call, and pruned when the tool lost it.
+#[tokio::test]
+async fn a_call_whose_event_came_before_its_ack_is_asked_about_after_kill_9() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Held]);
+    let mut ferry = ferry_with(&[&tool]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let event = json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "c", "text": "first"});
+    let (status, body) = api.post(&url, &event).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(api.call("g", "c").await.1["status"], "dispatched");
+    ferry.kill9();
+    tool.set_liveness(Liveness::Alive(false));
+    ferry.restart().await;
+    asked_about(&tool, "c").await;
+    let api = ferry.api();
+    let failure = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        failure["payload"]["text"],
+        "Error: the tool server is no longer processing this call"
+    );
+    assert_eq!(api.call("g", "c").await.1["status"], "failed");
+    assert_eq!(tool.invocations().len(), 1, "not dispatched again");
+}

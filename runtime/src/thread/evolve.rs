@@ -130,6 +130,14 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     }
                     match call.status {
                         CallStatus::Subscribed if *is_final => CallStatus::Completed,
+                        // An event before the tool's 200 was recorded proves
+                        // the tool has the call, as a result would: it is
+                        // dispatched, so a restart asks the tool about it
+                        // rather than leaving it queued with nothing to send.
+                        CallStatus::Queued => {
+                            call.attempts = call.attempts.max(1);
+                            CallStatus::Dispatched
+                        }
                         other => other,
                     }
                 }

@@ -110,7 +110,9 @@ impl CallRecord {
     }
 
     /// Whether the call still waits to reach its tool: queued, and no
-    /// subscription event from the tool proves it already has it.
+    /// subscription event from the tool proves it already has it (such an
+    /// event now moves the call to `dispatched`; logs written by older
+    /// builds may hold queued calls with events).
     pub fn awaits_dispatch(&self) -> bool {
         self.status == CallStatus::Queued && self.subscription_events == 0
     }

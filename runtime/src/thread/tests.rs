@@ -123,7 +123,11 @@ type Expect = Result<&'static [&'static str], Rejection>;
 /// Runs `steps` against one thread, checking each answer, and returns the
 /// final state. A refused or no-op command must leave the state unchanged.
 fn check(steps: Vec<(Command, Expect)>) -> ThreadState {
-    let mut state = ThreadState::new(G);
+    check_more(ThreadState::new(G), steps)
+}
+
+/// [`check`], going on from `state`.
+fn check_more(mut state: ThreadState, steps: Vec<(Command, Expect)>) -> ThreadState {
     for (i, (command, expected)) in steps.into_iter().enumerate() {
         let before = state.clone();
         match (decide(&state, &command), expected) {
@@ -430,11 +434,28 @@ fn a_tool_that_sent_events_is_not_failed_for_a_missing_ack() {
             Ok(&["call_accepted"]),
         ),
         (sub_event("s", "early", false), Ok(&["subscription_event"])),
-        // Its 200 never arrived, but it is running the call.
+        // Its 200 never arrived (or it answered 4xx), but it is running the
+        // call.
         (failed, Ok(&[])),
-        (result("s", "subscribed", true), Ok(&["tool_result"])),
     ]);
-    assert_eq!(status(&state, "s"), CallStatus::Subscribed);
+    // Dispatched, not queued: a restart asks the tool about it
+    // (`/tool_call_status`) instead of leaving it queued with nothing to
+    // send, which a review found stuck forever after a kill -9.
+    assert_eq!(status(&state, "s"), CallStatus::Dispatched);
+    assert!(!state.calls["s"].awaits_dispatch());
+    assert_eq!(state.meta.counts.get(&CallStatus::Queued), Some(&0));
+    assert_eq!(state.meta.counts.get(&CallStatus::Dispatched), Some(&1));
+    let acked = Command::DispatchAcked {
+        id: "s".into(),
+        attempts: 1,
+    };
+    check_more(
+        state,
+        vec![
+            (acked, Ok(&[])),
+            (result("s", "subscribed", true), Ok(&["tool_result"])),
+        ],
+    );
 }
 
 #[test]
