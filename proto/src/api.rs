@@ -155,6 +155,11 @@ pub enum EventKind {
         #[serde(default)]
         subscription: bool,
         origin: ResultOrigin,
+        /// The dispatch attempts made, on a failure Ferry recorded because
+        /// the tool could not be reached or refused the call (there is no
+        /// `call_dispatched` then: the tool never acknowledged it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempts: Option<u32>,
     },
     SubscriptionEvent {
         text: String,

@@ -66,6 +66,7 @@ pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>)
             is_error,
             subscription,
             origin,
+            ..
         } => {
             let state = match (is_error, subscription) {
                 (true, _) => "failed",

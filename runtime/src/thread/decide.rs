@@ -268,16 +268,12 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             if !call.awaits_dispatch() {
                 return Ok(Decision::nothing(Outcome::Ignored));
             }
-            Ok(Decision::applied(vec![
-                Change::of(
-                    id,
-                    EventKind::CallDispatched {
-                        attempts: *attempts,
-                        after_result: false,
-                    },
-                ),
-                failure(id, text),
-            ]))
+            // No `call_dispatched`: the tool never acknowledged the call.
+            let mut failed = failure(id, text);
+            if let EventKind::ToolResult { attempts: made, .. } = &mut failed.kind {
+                *made = Some(*attempts);
+            }
+            Ok(Decision::applied(vec![failed]))
         }
         Command::Callback(cb) => callback(state, cb),
         Command::ResultRefused { id, text } => {
@@ -504,6 +500,7 @@ fn failure(id: &str, text: &str) -> Change {
             is_error: text.starts_with("Error: "),
             subscription: false,
             origin: ResultOrigin::Ferry,
+            attempts: None,
         },
     )
 }
@@ -640,6 +637,7 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
                         is_error: r.is_error(),
                         subscription: r.subscription,
                         origin: ResultOrigin::Tool,
+                        attempts: None,
                     },
                 );
                 let opens = r.subscription && !call.subscription_ended;

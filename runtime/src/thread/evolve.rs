@@ -95,12 +95,16 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     is_error,
                     subscription,
                     origin,
+                    attempts,
                 } => {
                     // A result from a call still queued proves an attempt
                     // reached the tool; its acknowledgement, when it is
                     // recorded later, then adds nothing.
                     if call.status == CallStatus::Queued {
                         call.attempts = call.attempts.max(1);
+                    }
+                    if let Some(made) = attempts {
+                        call.attempts = *made;
                     }
                     call.result = Some(CallResult {
                         text: text.clone(),

@@ -599,7 +599,7 @@ fn dispatch_failure_fails_only_a_queued_call() {
             Command::Submit(new_call("c", json!({}))),
             Ok(&["call_accepted"]),
         ),
-        (failed("c"), Ok(&["call_dispatched", "tool_result"])),
+        (failed("c"), Ok(&["tool_result"])),
         (result("c", "late", false), Ok(&[])),
         (
             Command::Submit(new_call("d", json!({}))),
