@@ -26,11 +26,15 @@ pub async fn receive(
     request: Request,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    // A forged token is 403 whatever its body (issue 2), read or not.
+    // A forged token is 403 whatever its body (issue 2). The body is
+    // drained first (as an oversized one is, up to 16 times the limit, and
+    // never parsed): answering while the sender still writes would reset
+    // the connection under it, and it would see a broken pipe, not the 403.
+    let limit = app.engine.config().max_body_bytes;
     if !app.engine.is_genuine(&token) {
+        let _ = read_body(request, limit, false).await;
         return Err(crate::engine::Error::Forged.into());
     }
-    let limit = app.engine.config().max_body_bytes;
     // A genuine token's oversized body is read through for its call.
     let body = match read_body(request, limit, true).await {
         Ok(body) => body,
