@@ -591,10 +591,11 @@ async fn a_view_update_from_a_call_no_longer_open_changes_nothing() {
         "{body}"
     );
     assert_eq!(api.events("g", 0).await, closed, "a view was recorded");
+    // Closing cancelled `d`, still open, and then closed the thread.
     assert_eq!(
         closed.len(),
-        before.len() + 1,
-        "only thread_closed after the cancel"
+        before.len() + 2,
+        "only call_cancelled and thread_closed after the cancel"
     );
     assert_eq!(api.thread("g").await.1["views"], json!({"diff": 1}));
 }

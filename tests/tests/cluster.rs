@@ -440,6 +440,37 @@ async fn subscriptions_overtaking_results_and_cancel_across_nodes() {
             .count(),
         2
     );
+
+    // Closing the thread through B ends the subscription opened through
+    // A, though the thread's last commit no longer carries it (a later
+    // call completed since): every node then answers its events 410.
+    let url = path_of(&c.dispatched(&a, "g", "s2").await);
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s2", "text": "on", "subscription": true});
+    assert_eq!(a.post(&url, &opened).await.0, 200);
+    let later = path_of(&c.dispatched(&a, "g", "later").await);
+    assert_eq!(a.post(&later, &result("g", "later", "done")).await.0, 200);
+    let (status, body) = b.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let tail: Vec<Value> = a
+        .events("g", 0)
+        .await
+        .iter()
+        .rev()
+        .take(2)
+        .map(|e| e["type"].clone())
+        .collect();
+    assert_eq!(
+        tail,
+        [json!("thread_closed"), json!("subscription_cancelled")]
+    );
+    let tick =
+        json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s2", "text": "t"});
+    for node in [&a, &b] {
+        let (status, body) = node.post(&url, &tick).await;
+        assert_eq!(status, 410, "{body}");
+        let (_, thread) = node.thread("g").await;
+        assert_eq!(thread["active_subscriptions"], json!([]), "{thread}");
+    }
 }
 
 /// A subscription outlives later calls in its thread, so its record is

@@ -432,6 +432,83 @@ async fn closing_a_thread_tells_the_tools_and_refuses_later_calls() {
     assert_eq!(ids, ["c1", "c3"]);
 }
 
+/// Closing a thread ends what is open in it: an active subscription, a
+/// call waiting out a `Retry-After`, a call queued behind it. Each is
+/// cancelled (its tool told, as for any cancel), none reaches the tool
+/// after `/close_thread`, and nothing stays active. A review found the
+/// subscription active for good and both calls sent after the close.
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_a_thread_ends_what_is_open_in_it() {
+    let tool = TestTool::start("S", &["op"]).await;
+    tool.plan(&[ferry_tests::Ack::Ok, ferry_tests::Ack::RetryAfter(503, 2)]);
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    let sub = dispatched(&api, &tool, "g", "sub").await;
+    let on = json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "on", "subscription": true});
+    assert_eq!(api.post(&sub.callback_url, &on).await.0, 200);
+    for id in ["waiting", "queued"] {
+        let body = json!({"operation": "op", "arguments": {}, "group_id": "g", "id": id});
+        assert_eq!(api.submit(body).await.0, 202);
+    }
+    // The first attempt of `waiting` was answered 503, Retry-After: 2.
+    assert_eq!(tool.next_invocation().await.invocation.id, "waiting");
+
+    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    let events = api.events("g", 0).await;
+    let ended: Vec<(&str, &str)> = events[events.len() - 4..]
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["id"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("subscription_cancelled", "sub"),
+            ("call_cancelled", "waiting"),
+            ("call_cancelled", "queued"),
+            ("thread_closed", "")
+        ]
+    );
+    let (_, thread) = api.thread("g").await;
+    assert_eq!(thread["active_subscriptions"], json!([]), "{thread}");
+    for id in ["sub", "waiting", "queued"] {
+        assert_eq!(api.call("g", id).await.1["status"], "cancelled", "{id}");
+    }
+    // rap-3: `/cancel_tool_call` "when a call or subscription is
+    // cancelled", and `/close_thread` when the thread is closed.
+    let mut notices = Vec::new();
+    for _ in 0..4 {
+        let (kind, body) = tool.next_notice().await;
+        notices.push(format!(
+            "{kind} {}",
+            body["tool_call_id"].as_str().unwrap_or("")
+        ));
+    }
+    notices.sort();
+    assert_eq!(
+        notices,
+        [
+            "cancel_tool_call queued",
+            "cancel_tool_call sub",
+            "cancel_tool_call waiting",
+            "close_thread "
+        ]
+    );
+    // Past the Retry-After, the dispatcher asks whether `waiting` is still
+    // wanted (once a second) and drops it; neither call reaches the tool.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let ids: Vec<String> = tool.invocations().into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["sub", "waiting"], "sent after the thread was closed");
+    // An event of the cancelled subscription is gone.
+    let tick =
+        json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "sub", "text": "t"});
+    assert_eq!(api.post(&sub.callback_url, &tick).await.0, 410);
+}
+
 /// The value of the first sample of `metric` whose line contains `label`.
 fn sample(metrics: &str, metric: &str, label: &str) -> Option<f64> {
     metrics

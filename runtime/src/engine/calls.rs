@@ -273,12 +273,24 @@ impl Engine {
         tokio::spawn(self.notifier.cancel_tool_call(self.servers(), group_id, id));
     }
 
-    /// Closes a thread: later calls are refused; tool servers are told.
+    /// Closes a thread: what is open in it is cancelled (each call's tool
+    /// is told, as for any cancel), later calls are refused, and tool
+    /// servers are told the thread is closed.
     #[instrument(skip(self))]
     pub async fn close_thread(&self, group_id: &str) -> Result<u64, Error> {
         self.check_id("group_id", group_id)?;
         let executed = self.execute(group_id, Command::Close).await?;
         if executed.decision.outcome == Outcome::Applied {
+            for event in &executed.events {
+                let ended = matches!(
+                    event.kind,
+                    EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {}
+                );
+                if let (true, Some(id)) = (ended, event.id.as_deref()) {
+                    self.disarm(group_id, id);
+                    self.subscription_closed(group_id, id);
+                }
+            }
             tokio::spawn(self.notifier.close_thread(self.servers(), group_id));
         }
         Ok(executed.state.meta.last_seq)

@@ -237,7 +237,7 @@ impl Engine {
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let turn = in_turn.then(|| self.turns.take(group_id));
-            let mut state = self.store.load(group_id, &command.call_ids()).await?;
+            let mut state = self.load_for(group_id, &command).await?;
             let decision = match thread::decide(&state, &command) {
                 Ok(decision) => decision,
                 Err(rejection) => {
@@ -344,6 +344,34 @@ impl Engine {
             });
         }
         Err(store::Error::Conflict(group_id.to_owned()).into())
+    }
+
+    /// Loads what `command` reads: the calls it names and, for one that
+    /// reads them, every call the thread still owes something. Another
+    /// process may add such a call between two loads (in a cluster), so
+    /// this loads until none is missing; the write's compare-and-set then
+    /// holds it to that state.
+    async fn load_for(&self, group_id: &str, command: &Command) -> Result<ThreadState, Error> {
+        let named = command.call_ids();
+        let mut state = self.store.load(group_id, &named).await?;
+        let mut loads = 1;
+        while command.reads_unsettled_calls() {
+            let unsettled: Vec<String> = state.meta.unsettled.iter().cloned().collect();
+            if unsettled.iter().all(|id| state.calls.contains_key(id)) {
+                break;
+            }
+            if loads > MAX_CONFLICT_RETRIES {
+                return Err(store::Error::Conflict(group_id.to_owned()).into());
+            }
+            let ids: Vec<&str> = named
+                .iter()
+                .copied()
+                .chain(unsettled.iter().map(String::as_str))
+                .collect();
+            state = self.store.load(group_id, &ids).await?;
+            loads += 1;
+        }
+        Ok(state)
     }
 
     /// Returns once the thread's state up to `seq` is durable, including a

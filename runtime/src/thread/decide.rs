@@ -133,6 +133,12 @@ impl Command {
             Command::Close | Command::Revoke { .. } => vec![],
         }
     }
+
+    /// Whether the command also reads every call the thread still owes
+    /// something (`meta.unsettled`), which the store then loads too.
+    pub fn reads_unsettled_calls(&self) -> bool {
+        matches!(self, Command::Close)
+    }
 }
 
 /// One event to record, before it is numbered.
@@ -333,10 +339,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             )]))
         }
         Command::Close if state.meta.closed => Ok(Decision::nothing(Outcome::Duplicate)),
-        Command::Close => Ok(Decision::applied(vec![Change {
-            id: None,
-            kind: EventKind::ThreadClosed {},
-        }])),
+        Command::Close => close(state),
         Command::Lost { id } => {
             let call = existing(state, id)?;
             Ok(match call.status {
@@ -488,6 +491,37 @@ fn accepted(call: &NewCall) -> Change {
             target: call.target.clone(),
         },
     )
+}
+
+/// Closing a thread ends what is open in it, then closes it: its tools are
+/// told the thread is over (`/close_thread`), so a queued call must not
+/// reach them afterwards, and no result or event will come for the rest
+/// (a subscription left in the active set would stay there for good).
+/// Needs every unsettled call loaded ([`Command::reads_unsettled_calls`]).
+fn close(state: &ThreadState) -> Result<Decision, Rejection> {
+    let mut open: Vec<&CallRecord> = state
+        .meta
+        .unsettled
+        .iter()
+        .filter_map(|id| state.calls.get(id))
+        .filter(|call| call.status.is_open())
+        .collect();
+    open.sort_by_key(|call| call.accepted_seq);
+    let mut changes: Vec<Change> = open
+        .into_iter()
+        .map(|call| {
+            let kind = match call.status {
+                CallStatus::Subscribed => EventKind::SubscriptionCancelled {},
+                _ => EventKind::CallCancelled {},
+            };
+            Change::of(&call.id, kind)
+        })
+        .collect();
+    changes.push(Change {
+        id: None,
+        kind: EventKind::ThreadClosed {},
+    });
+    Ok(Decision::applied(changes))
 }
 
 fn failure(id: &str, text: &str) -> Change {

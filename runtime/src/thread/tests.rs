@@ -77,7 +77,10 @@ fn only_an_open_call_updates_views() {
         ),
         (result("c", "open", true), Ok(&["tool_result"])),
         (v(), Ok(&["view_update"])),
-        (Command::Close, Ok(&["thread_closed"])),
+        (
+            Command::Close,
+            Ok(&["subscription_cancelled", "thread_closed"]),
+        ),
         (view("c", "diff", json!({"n": 2})), Ok(&[])),
     ]);
 }
@@ -1023,4 +1026,62 @@ fn a_withdrawn_prompt_cancels_only_a_call_pending_approval() {
     ]);
     assert_eq!(status(&state, "a"), CallStatus::Cancelled);
     assert_eq!(status(&state, "b"), CallStatus::Queued);
+}
+
+/// Closing a thread ends what is open in it, in the order the calls were
+/// accepted, before `thread_closed`: its tools are told the thread is over,
+/// so a queued call must not reach them and nothing more will come for the
+/// rest (a review found a subscription left active for good, and queued
+/// calls dispatched after `/close_thread`). What already ended stays.
+#[test]
+fn closing_a_thread_ends_what_is_open_in_it() {
+    let state = check(vec![
+        (
+            Command::Submit(new_call("done", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("done", "ok", false), Ok(&["tool_result"])),
+        (
+            Command::Submit(new_call("sub", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("sub", "on", true), Ok(&["tool_result"])),
+        (
+            Command::Submit(new_call("queued", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (
+            gated("gated", None),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            Command::Close,
+            Ok(&[
+                "subscription_cancelled",
+                "call_cancelled",
+                "call_cancelled",
+                "thread_closed",
+            ]),
+        ),
+        (Command::Close, Ok(&[])),
+        (
+            sub_event("sub", "tick", false),
+            Err(Rejection::SubscriptionGone("sub".into())),
+        ),
+        (result("queued", "late", false), Ok(&[])),
+        (
+            decide_as("gated", PermissionKind::AllowOnce),
+            Err(Rejection::NotPendingApproval {
+                id: "gated".into(),
+                status: CallStatus::Cancelled,
+            }),
+        ),
+    ]);
+    assert_eq!(status(&state, "done"), CallStatus::Completed);
+    for id in ["sub", "queued", "gated"] {
+        assert_eq!(status(&state, id), CallStatus::Cancelled, "{id}");
+    }
+    assert!(state.meta.active_subscriptions.is_empty());
+    assert!(state.meta.unsettled.is_empty());
+    assert!(state.meta.closed);
 }
