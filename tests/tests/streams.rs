@@ -174,6 +174,14 @@ async fn long_poll_honours_wait_limit_and_after() {
     assert_eq!(page["events"].as_array().map(Vec::len), Some(6));
     let (status, _) = api.get("/v1/threads?limit=5000").await;
     assert_eq!(status, 200);
+    // However large: a limit past what `usize` holds is the bound too
+    // (a review found it refused as "not a valid number").
+    let huge = "limit=99999999999999999999999999999999999999999";
+    let (status, page) = api.get(&events_path("g", huge)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(6));
+    let (status, page) = api.get(&format!("/v1/threads?{huge}")).await;
+    assert_eq!(status, 200, "{page}");
     let (_, thread) = api.thread("g").await;
     assert_eq!(thread["last_seq"], 6, "{thread}");
     assert_eq!(seqs(&api.events("g", 0).await), [1, 2, 3, 4, 5, 6]);

@@ -221,6 +221,21 @@ async fn an_invalid_tool_name_invalidates_the_toolset() {
     assert!(message.contains("bad name!"), "{message}");
 }
 
+/// A toolset named `.` or `..` could never be read, refreshed or deleted:
+/// URL normalisation removes such a path segment, even percent-encoded
+/// (a review registered one and then got 404 for every request to it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_toolset_name_no_url_can_address_is_refused() {
+    for name in [".", ".."] {
+        let tool = TestTool::with_manifest(json!({"name": name, "tools": [ok_tool()]})).await;
+        let ferry = Ferry::start(FerryOptions::default()).await;
+        let api = ferry.api();
+        let message = refused(&api.register(&tool.url).await, 422, "invalid_toolset");
+        assert!(message.contains("cannot be addressed"), "{name}: {message}");
+        nothing_registered(&api).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_empty_tool_list_is_refused() {
     // rap-3: "`tools` (≥1)".

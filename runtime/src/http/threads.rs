@@ -88,6 +88,14 @@ fn page_size(
     default: usize,
     max: usize,
 ) -> Result<usize, ApiError> {
+    let too_big = query.get("limit").is_some_and(|v| {
+        v.parse::<usize>()
+            .is_err_and(|e| *e.kind() == std::num::IntErrorKind::PosOverflow)
+    });
+    if too_big {
+        // Larger than any page, however large: served as `max`.
+        return Ok(max);
+    }
     match number::<usize>(query, "limit")? {
         None => Ok(default),
         Some(0) => Err(invalid("limit must be at least 1".into())),

@@ -40,6 +40,14 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
     if m.name.contains('@') || m.name.chars().any(char::is_control) {
         problems.push("name must not contain '@' or control characters".into());
     }
+    if m.name == "." || m.name == ".." {
+        // URL normalisation removes these as path segments, even
+        // percent-encoded: `/v1/toolsets/{name}` could never reach it.
+        problems.push(format!(
+            "name must not be {:?}: it cannot be addressed in a URL path",
+            m.name
+        ));
+    }
     match url::Url::parse(&m.endpoint) {
         Ok(u) if matches!(u.scheme(), "http" | "https") => {}
         _ => problems.push(format!("endpoint {:?} is not an http(s) URL", m.endpoint)),
