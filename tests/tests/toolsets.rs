@@ -693,3 +693,69 @@ async fn toolsets_survive_a_restart() {
     assert_eq!(api.call("g", "c2").await.1["tool"], "Kept.keep@1.0.0");
     assert!(dropped.invocations().is_empty());
 }
+
+/// A server on loopback that answers every request with `head` and then
+/// `body_bytes` of spaces in 64 KiB chunks (chunked unless `head` gives a
+/// length), and then holds the connection open without finishing.
+async fn endless_document(head: &'static str, body_bytes: usize, chunked: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 8192];
+                let _ = socket.read(&mut request).await;
+                if socket.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b' '; 64 << 10];
+                let mut sent = 0;
+                while sent < body_bytes {
+                    let mut frame = Vec::new();
+                    if chunked {
+                        frame.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                    }
+                    frame.extend_from_slice(&chunk);
+                    if chunked {
+                        frame.extend_from_slice(b"\r\n");
+                    }
+                    if socket.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                    sent += chunk.len();
+                }
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        }
+    });
+    url
+}
+
+/// The discovery document is bounded (4 MiB): one past the bound is
+/// refused 422 as soon as its declared length or its bytes show it, not
+/// read whole first (a review's 256 MiB document raised Ferry's memory by
+/// 514 MiB, and a server still sending 8 MiB ran into the fetch timeout
+/// and was reported unreachable, 502).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_discovery_document_past_the_bound_is_refused_as_it_arrives() {
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let chunked = endless_document(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+        8 << 20,
+        true,
+    )
+    .await;
+    let declared = endless_document(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 8388608\r\n\r\n",
+        0,
+        false,
+    )
+    .await;
+    for url in [chunked, declared] {
+        let message = refused(&api.register(&url).await, 422, "invalid_toolset");
+        assert!(message.contains("larger than 4194304 bytes"), "{message}");
+    }
+    nothing_registered(&api).await;
+}

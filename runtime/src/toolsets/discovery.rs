@@ -33,7 +33,7 @@ pub async fn fetch_manifest(
         url: url.clone(),
         reason,
     };
-    let response = client
+    let mut response = client
         .get(&url)
         .timeout(Duration::from_secs(10))
         .send()
@@ -42,15 +42,29 @@ pub async fn fetch_manifest(
     if !response.status().is_success() {
         return Err(unreachable(format!("HTTP {}", response.status())));
     }
-    let body = response
-        .bytes()
+    let too_large = || DiscoveryError::Invalid {
+        url: url.clone(),
+        reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
+    };
+    // Refused as soon as it says or shows it is too large: read whole
+    // first, a document of gigabytes would be held in memory (or a server
+    // still sending would run into the timeout, reported as unreachable).
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_MANIFEST_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| unreachable(e.without_url().to_string()))?;
-    if body.len() > MAX_MANIFEST_BYTES {
-        return Err(DiscoveryError::Invalid {
-            url,
-            reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
-        });
+        .map_err(|e| unreachable(e.without_url().to_string()))?
+    {
+        if body.len() + chunk.len() > MAX_MANIFEST_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
     }
     let manifest = serde_json::from_slice(&body).map_err(|e| DiscoveryError::Invalid {
         url: url.clone(),
