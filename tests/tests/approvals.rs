@@ -467,3 +467,67 @@ async fn a_patch_one_version_refuses_changes_no_version() {
         assert_eq!(version["policy"], json!({}), "{version}");
     }
 }
+
+/// A per-tool policy outlives its tool: when the server drops the tool,
+/// refreshing and registering again still work (a review found both
+/// refused 422 for good, so new tools could never be picked up), and when
+/// the tool comes back, its policy governs it again rather than leave it
+/// ungated. Setting a policy for a tool the toolset lacks is still refused.
+#[tokio::test]
+async fn a_per_tool_policy_outlives_its_tool_without_blocking_a_refresh() {
+    let tool = TestTool::with_manifest(json!({"name": "ops", "tools": [
+        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}},
+        {"name": "wipe", "description": "careful", "inputSchema": {"type": "object"}}
+    ]}))
+    .await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let gated = json!({"url": tool.url, "tools": {"wipe": {"approval": "required"}}});
+    let (status, body) = api.post("/v1/toolsets", &gated).await;
+    assert_eq!(status, 201, "{body}");
+    let without_wipe = json!({"name": "ops", "endpoint": format!("{}/invoke", tool.url), "tools": [
+        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}},
+        {"name": "fresh", "description": "new", "inputSchema": {"type": "object"}}
+    ]});
+    tool.set_manifest(without_wipe);
+    let (status, body) = api.post("/v1/toolsets/ops/refresh", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api.register(&tool.url).await;
+    assert_eq!(status, 201, "{body}");
+    assert_ne!(
+        submit(&api, "g", "a", "fresh", None).await["status"],
+        "pending_approval"
+    );
+    // Set now, a policy must name a tool the toolset has.
+    let (status, body) = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "tools": {"wipe": {"approval": "auto"}}}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (422, &json!("invalid_toolset")),
+        "{body}"
+    );
+    let patched = api
+        .client
+        .patch(format!("{}/v1/toolsets/ops", api.base))
+        .json(&json!({"tools": {"wipe": {"approval": "auto"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 422);
+    // Back on the server, `wipe` is gated again by the entry kept.
+    let with_wipe = json!({"name": "ops", "endpoint": format!("{}/invoke", tool.url), "tools": [
+        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}},
+        {"name": "wipe", "description": "careful", "inputSchema": {"type": "object"}}
+    ]});
+    tool.set_manifest(with_wipe);
+    let (status, body) = api.post("/v1/toolsets/ops/refresh", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        submit(&api, "g", "b", "wipe", None).await["status"],
+        "pending_approval"
+    );
+}

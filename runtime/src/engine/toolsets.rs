@@ -105,7 +105,12 @@ impl Engine {
         // The stored policy, not this process's copy of it: in a cluster
         // another node may have changed it a moment ago.
         let policy = match policy {
-            Some(policy) => policy,
+            Some(policy) => {
+                policy
+                    .check_names(&manifest)
+                    .map_err(Error::InvalidToolset)?;
+                policy
+            }
             None => self
                 .store
                 .toolsets()
@@ -148,6 +153,9 @@ impl Engine {
         // them cannot take changes none.
         let mut checked = vec![];
         for target in targets {
+            patch
+                .check_names(&target.stored.manifest)
+                .map_err(Error::InvalidToolset)?;
             let mut stored = target.stored.clone();
             stored.policy.apply(patch);
             checked.push(checked_toolset(stored)?);

@@ -69,8 +69,8 @@ impl ApprovalPolicy {
         })
     }
 
-    /// Checks the policy against the manifest it governs.
-    pub fn check(&self, manifest: &Manifest) -> Result<(), String> {
+    /// Checks the policy's own values, as stored policies are checked too.
+    pub fn check(&self) -> Result<(), String> {
         match self.approval_timeout_secs {
             Some(0) => return Err("approval_timeout_secs must be at least 1".into()),
             Some(secs) if secs > MAX_APPROVAL_TIMEOUT_SECS => {
@@ -80,6 +80,15 @@ impl ApprovalPolicy {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// Checks that every tool the policy names is in `manifest`: what an
+    /// operator sets must govern a tool that exists. Only what is being
+    /// set is checked: a stored entry may outlive a tool its server
+    /// dropped, and it is kept (it applies again if the tool comes back,
+    /// rather than leave that tool ungated) without refusing the refresh.
+    pub fn check_names(&self, manifest: &Manifest) -> Result<(), String> {
         for name in self.tools.keys() {
             if !manifest.tools.iter().any(|t| &t.name == name) {
                 return Err(format!(
@@ -127,24 +136,17 @@ mod tests {
 
     #[test]
     fn the_approval_timeout_is_a_second_to_a_year() {
-        let manifest = Manifest {
-            name: "T".into(),
-            description: None,
-            endpoint: "http://127.0.0.1:1/".into(),
-            tools: vec![tool("t", true)],
-            needs_migration: None,
-        };
         let with = |secs| ApprovalPolicy {
             approval_timeout_secs: Some(secs),
             ..Default::default()
         };
-        assert!(with(0).check(&manifest).is_err());
-        assert!(with(1).check(&manifest).is_ok());
-        assert!(with(MAX_APPROVAL_TIMEOUT_SECS).check(&manifest).is_ok());
+        assert!(with(0).check().is_err());
+        assert!(with(1).check().is_ok());
+        assert!(with(MAX_APPROVAL_TIMEOUT_SECS).check().is_ok());
         // u64::MAX seconds from now overflows the clock: refused, not a panic
         // at the first call.
         for secs in [MAX_APPROVAL_TIMEOUT_SECS + 1, u64::MAX] {
-            assert!(with(secs).check(&manifest).is_err(), "{secs}");
+            assert!(with(secs).check().is_err(), "{secs}");
         }
     }
 

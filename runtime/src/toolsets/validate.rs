@@ -81,7 +81,7 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
             Err(e) => problems.push(format!("tool {:?}: invalid inputSchema: {e}", tool.name)),
         }
     }
-    if let Err(problem) = stored.policy.check(m) {
+    if let Err(problem) = stored.policy.check() {
         problems.push(problem);
     }
     if problems.is_empty() {
