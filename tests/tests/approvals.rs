@@ -531,3 +531,61 @@ async fn a_per_tool_policy_outlives_its_tool_without_blocking_a_refresh() {
         "pending_approval"
     );
 }
+
+/// A web page on another site cannot approve a gated call (a browser sends
+/// a `text/plain` POST without asking first), nor change anything else;
+/// a review approved a destructive call and made an `allow_always` grant
+/// that way. Clients that send no `Origin`, and the dashboard's own
+/// same-origin requests, go through.
+#[tokio::test]
+async fn a_cross_site_request_changes_nothing() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    assert_eq!(
+        submit(&api, "g", "c", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    let before = api.events("g", 0).await;
+    let post = |path: &str, origin: &str, body: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}{path}", ferry.url))
+            .header("content-type", "text/plain")
+            .header("origin", origin)
+            .body(body)
+            .send()
+    };
+    let approve = r#"{"optionId": "allow_always", "reviewer": "mallory"}"#;
+    let call = r#"{"operation": "look", "arguments": {}, "group_id": "g", "id": "x"}"#;
+    for (path, body) in [
+        ("/v1/approvals/g/c", approve),
+        ("/v1/calls", call),
+        ("/v1/threads/g/close", "{}"),
+    ] {
+        for origin in ["http://evil.example", "null"] {
+            let response = post(path, origin, body).await.unwrap();
+            assert_eq!(response.status(), 403, "{path} from {origin}");
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "forbidden", "{body}");
+        }
+    }
+    assert_eq!(
+        api.events("g", 0).await,
+        before,
+        "a cross-site request changed the thread"
+    );
+    // Reads are not refused (a browser does not let the page read them).
+    let read = reqwest::Client::new()
+        .get(format!("{}/v1/threads/g", ferry.url))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 200);
+    // The dashboard's own origin may decide.
+    let response = post("/v1/approvals/g/c", &ferry.url, approve)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_ne!(api.call("g", "c").await.1["status"], "pending_approval");
+}

@@ -7,6 +7,7 @@ mod callbacks;
 pub(crate) mod calls;
 mod error;
 mod ops;
+mod origin;
 pub(crate) mod path;
 pub(crate) mod threads;
 mod toolsets;
@@ -214,6 +215,10 @@ pub fn router_with(
         .method_not_allowed_fallback(ops::method_not_allowed)
         // Bodies are limited by `body::read_bytes`, which answers 413 itself.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            origin::Origins::new(&engine.config().public_url),
+            origin::refuse_cross_site,
+        ))
         .with_state(AppState {
             engine,
             metrics,
