@@ -334,6 +334,26 @@ async fn malformed_requests_are_server_errors_that_change_nothing() {
         assert!(answer["message"].is_string(), "{short}: {answer}");
         assert!(answer["developer_message"].is_string(), "{short}: {answer}");
     }
+    // A good call from a web page on another site: a browser sends it
+    // without asking first, so it is refused (no credentials configured).
+    let good = json!({"request": {"tool_id": "demo.echo", "input": {"text": "hi"}}});
+    let response = http
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("origin", "http://evil.example")
+        .body(good.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert!(
+        answer["developer_message"]
+            .as_str()
+            .unwrap()
+            .contains("evil.example"),
+        "{answer}"
+    );
     let (status, threads) = ferry.api().get("/v1/threads").await;
     assert_eq!(status, 200);
     assert_eq!(threads["threads"], json!([]), "nothing was recorded");

@@ -7,7 +7,7 @@ mod callbacks;
 pub(crate) mod calls;
 mod error;
 mod ops;
-mod origin;
+pub(crate) mod origin;
 pub(crate) mod path;
 pub(crate) mod threads;
 mod toolsets;

@@ -9,7 +9,7 @@
 //! loopback one (as `/mcp` allows).
 
 use axum::extract::{Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -54,31 +54,35 @@ impl Origins {
     }
 }
 
+/// The other site's origin a request that would change something comes
+/// from, if it does (for fronts that answer in their own error shape).
+pub(crate) fn cross_site<'h>(
+    origins: &Origins,
+    method: &Method,
+    headers: &'h HeaderMap,
+) -> Option<&'h str> {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
+    }
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    (!origins.allows(origin, host)).then_some(origin)
+}
+
 /// Refuses a cross-site request that would change something.
 pub async fn refuse_cross_site(
     State(origins): State<Origins>,
     request: Request,
     next: Next,
 ) -> Response {
-    let reads = matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    );
-    let headers = request.headers();
-    let origin = headers
-        .get(header::ORIGIN)
-        .map(|o| o.to_str().unwrap_or(""));
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    if let (false, Some(origin)) = (reads, origin) {
-        if !origins.allows(origin, host) {
-            tracing::warn!(origin, path = %request.uri().path(), "cross-site request refused");
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!("a request from the web page at {origin:?} may not change anything here"),
-            )
-            .into_response();
-        }
+    if let Some(origin) = cross_site(&origins, request.method(), request.headers()) {
+        tracing::warn!(origin, path = %request.uri().path(), "cross-site request refused");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("a request from the web page at {origin:?} may not change anything here"),
+        )
+        .into_response();
     }
     next.run(request).await
 }

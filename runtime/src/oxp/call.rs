@@ -60,6 +60,12 @@ fn bad(message: &str, developer: impl Into<String>) -> OxpError {
 async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     let headers = req.headers().clone();
     let headers = &headers;
+    if let Some(origin) = crate::http::origin::cross_site(&oxp.origins, req.method(), headers) {
+        return Err(bad(
+            "Requests from web pages on other sites are refused",
+            format!("Origin {origin:?} is neither this server's nor a loopback one"),
+        ));
+    }
     // Credentials before the body: a stranger's upload is not read.
     oxp.auth.check(headers).map_err(|e| {
         info!(error = %e, "OXP credentials refused");

@@ -51,6 +51,9 @@ pub struct Oxp {
     /// node's relay.
     perform: Arc<dyn Perform>,
     auth: auth::Auth,
+    /// A call is a change: a page on another site must not make one
+    /// through a browser when no credentials are configured.
+    origins: crate::http::origin::Origins,
     wait: Duration,
     max_body_bytes: usize,
 }
@@ -58,6 +61,7 @@ pub struct Oxp {
 /// The `/oxp` routes, to merge beside the native API.
 pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: &OxpConfig) -> Router {
     let state = Arc::new(Oxp {
+        origins: crate::http::origin::Origins::new(&engine.config().public_url),
         engine,
         perform,
         auth: auth::Auth::new(&config.auth),
