@@ -213,7 +213,9 @@ async fn the_demo_gates_drop_table_and_asks_pick_region() {
     assert_eq!(status, 200);
     let result = api.wait_for("g", "p", "tool_result").await;
     assert_eq!(result["payload"]["text"], "region: ap-south");
-    api.wait_for("g", "p", "choice_delivered").await;
+    // The demo sends its result before it answers the POST of the choice:
+    // the result settles the answer (`choice_delivered` may not follow).
+    assert_eq!(api.call("g", "p").await.1["status"], "completed");
 }
 
 /// A `response_url` that answers `statuses` in turn, then 200; returns its
@@ -291,4 +293,72 @@ async fn a_newer_answer_is_delivered_while_an_older_one_is_retried() {
     api.wait_for("g", "c", "choice_delivered").await;
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(api.count("g", "c", "choice_made").await, 2);
+}
+
+/// Waits until the `response_url` was sent `n` answers.
+async fn sent(seen: &std::sync::atomic::AtomicUsize, n: usize) {
+    let wait = std::time::Duration::from_secs(20);
+    ferry_tests::eventually("the answer to reach the response_url", wait, || async {
+        (seen.load(std::sync::atomic::Ordering::SeqCst) >= n).then_some(())
+    })
+    .await;
+}
+
+/// rap-3: a runtime "MUST NOT cache or replay choice responses". An answer
+/// still owed when the tool asks again, or when it sends its result, is
+/// not sent after that (a review saw it delivered as the new prompt's
+/// answer, and retried forever after the call completed). Past the first
+/// retry delay (0.1 s, then 0.2 s), nothing more reaches the tool.
+#[tokio::test]
+async fn an_answer_still_owed_is_not_sent_once_the_tool_moved_on() {
+    for moved_on in ["asked again", "sent its result"] {
+        let (ferry, _tool, url) = setup().await;
+        let api = ferry.api();
+        let (response, seen) = response_url(vec![503]).await;
+        answer(&ferry, &url, &response).await;
+        sent(&seen, 1).await;
+        let next = match moved_on {
+            "asked again" => json!({"type": "user_choice", "group_id": "g", "id": "c",
+                "prompt": "Delete the old bucket?", "choices": ["no", "yes"], "default": 0,
+                "response_url": response}),
+            _ => json!({"type": "tool_result", "group_id": "g", "id": "c", "text": "went on"}),
+        };
+        assert_eq!(
+            api.post(&url, &next).await.1["status"],
+            "applied",
+            "{moved_on}"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{moved_on}"
+        );
+        assert_eq!(
+            api.count("g", "c", "choice_delivered").await,
+            0,
+            "{moved_on}"
+        );
+        let (_, thread) = api.thread("g").await;
+        let owed = moved_on == "asked again";
+        assert_eq!(
+            thread["counts"]["awaiting_user"] == 1,
+            owed,
+            "{moved_on}: {thread}"
+        );
+    }
+}
+
+/// A 429 from the `response_url` asks to try later, like a 5xx: the
+/// answer is sent again, not recorded as refused (a review found it lost,
+/// and the call left with no way to be answered).
+#[tokio::test]
+async fn a_429_from_the_response_url_is_tried_again() {
+    let (ferry, _tool, url) = setup().await;
+    let (response, seen) = response_url(vec![429]).await;
+    answer(&ferry, &url, &response).await;
+    let api = ferry.api();
+    api.wait_for("g", "c", "choice_delivered").await;
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(api.count("g", "c", "choice_refused").await, 0);
 }

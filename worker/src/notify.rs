@@ -118,7 +118,10 @@ impl Notifier {
             .await;
         match sent {
             Ok(r) if r.status().is_success() => ChoiceDelivery::Accepted,
-            Ok(r) if r.status().is_client_error() => ChoiceDelivery::Refused(r.status().as_u16()),
+            // 429 asks to try later, like a 5xx.
+            Ok(r) if r.status().is_client_error() && r.status() != 429 => {
+                ChoiceDelivery::Refused(r.status().as_u16())
+            }
             Ok(r) => {
                 debug!(status = %r.status(), "the tool could not take the choice yet");
                 ChoiceDelivery::Failed

@@ -114,6 +114,8 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     });
                     call.auth_url = None;
                     call.choice = None;
+                    // The tool is done: it waits for no answer any more.
+                    call.undelivered_choice = None;
                     match origin {
                         ResultOrigin::Ferry if call.status == CallStatus::Rejected => {
                             CallStatus::Rejected
@@ -147,6 +149,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 }
                 EventKind::OAuth { auth_url } => {
                     call.auth_url = Some(auth_url.clone());
+                    call.choice = None;
                     CallStatus::AwaitingAuth
                 }
                 EventKind::UserChoice {
@@ -155,6 +158,12 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     default,
                     response_url,
                 } => {
+                    // A new question: an answer to an earlier one still
+                    // owed must not be sent as this one's (rap-3: no
+                    // replayed choice responses), and a spent `auth_url`
+                    // is no longer what the call waits on.
+                    call.undelivered_choice = None;
+                    call.auth_url = None;
                     call.choice = Some(PendingChoice {
                         prompt: prompt.clone(),
                         choices: choices.clone(),

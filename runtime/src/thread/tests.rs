@@ -202,14 +202,20 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
             },
             Ok(&["choice_made"]),
         ),
-        (result("u", "done", false), Ok(&["tool_result"])),
     ]);
-    assert_eq!(status(&state, "u"), CallStatus::Completed);
+    assert_eq!(status(&state, "u"), CallStatus::Dispatched);
     assert_eq!(
         state.meta.unsettled,
         ["u".to_owned()].into(),
         "its answer is owed"
     );
+    // The tool's result ends what it was owed: it waits for no answer.
+    let mut done = state.clone();
+    let finished = decide(&done, &result("u", "done", false)).unwrap();
+    apply(&mut done, "t", finished.changes);
+    assert_eq!(status(&done, "u"), CallStatus::Completed);
+    assert_eq!(done.calls["u"].undelivered_choice, None);
+    assert!(done.meta.unsettled.is_empty());
     let answer = state.calls["u"].undelivered_choice.clone().unwrap();
     // The delivery of another answer settles nothing: an older one, late,
     // even if it picked the same choice on the same `response_url`.
@@ -229,7 +235,11 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
     };
     let changes = decide(&delivered, &command).unwrap();
     apply(&mut delivered, "t", changes.changes);
-    assert!(delivered.meta.unsettled.is_empty());
+    assert_eq!(delivered.calls["u"].undelivered_choice, None);
+    assert!(
+        delivered.meta.unsettled.contains("u"),
+        "it waits for the result"
+    );
     // A tool that refuses the answer (a 4xx) is not owed it any more, and
     // hearing so twice records nothing.
     let refused = Command::ChoiceRefused {
@@ -244,8 +254,8 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         EventKind::ChoiceRefused { status: 410 }
     );
     apply(&mut state, "t", changes.changes);
-    assert!(state.meta.unsettled.is_empty());
-    assert_eq!(status(&state, "u"), CallStatus::Completed);
+    assert_eq!(state.calls["u"].undelivered_choice, None);
+    assert_eq!(status(&state, "u"), CallStatus::Dispatched);
     assert_eq!(
         decide(&state, &refused).unwrap().outcome,
         Outcome::Duplicate
@@ -1084,4 +1094,48 @@ fn closing_a_thread_ends_what_is_open_in_it() {
     assert!(state.meta.active_subscriptions.is_empty());
     assert!(state.meta.unsettled.is_empty());
     assert!(state.meta.closed);
+}
+
+/// A new question from the tool drops the answer to the last one still
+/// owed (rap-3: a runtime "MUST NOT cache or replay choice responses"; a
+/// review saw the old answer delivered as the new prompt's), and a call
+/// waiting on the user shows the prompt, not the spent `auth_url` (nor an
+/// old prompt once it waits on consent).
+#[test]
+fn a_new_question_drops_what_the_last_one_left() {
+    let answer = |index| Command::Choose {
+        id: "u".into(),
+        answer: Answer::Index(index),
+    };
+    let oauth = Command::Callback(Callback::OAuth(OAuth {
+        group_id: G.into(),
+        id: "u".into(),
+        call_id: None,
+        auth_url: "https://idp.example/authorize".into(),
+    }));
+    let state = check(vec![
+        (
+            Command::Submit(new_call("u", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (oauth.clone(), Ok(&["oauth"])),
+        (user_choice("u"), Ok(&["user_choice"])),
+    ]);
+    assert_eq!(status(&state, "u"), CallStatus::AwaitingUser);
+    assert_eq!(state.calls["u"].auth_url, None);
+    let state = check_more(
+        state,
+        vec![
+            (answer(1), Ok(&["choice_made"])),
+            (user_choice("u"), Ok(&["user_choice"])),
+        ],
+    );
+    assert_eq!(state.calls["u"].undelivered_choice, None);
+    assert!(
+        state.meta.unsettled.contains("u"),
+        "still waiting on the user"
+    );
+    let state = check_more(state, vec![(oauth, Ok(&["oauth"]))]);
+    assert_eq!(status(&state, "u"), CallStatus::AwaitingAuth);
+    assert_eq!(state.calls["u"].choice, None);
 }
