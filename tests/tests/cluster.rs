@@ -1533,3 +1533,32 @@ async fn a_result_whose_commit_nats_refuses_fails_its_call() {
     );
     assert_eq!(a.count("g", "c1", "tool_result").await, 1);
 }
+
+/// Closing a thread cancels its open calls in one commit, which carries
+/// each of them; when those are more than NATS takes in one message
+/// (each well under the node's own limit), they are cancelled one commit
+/// each and then the thread is closed. A review found such a thread
+/// refused 413 at every close, open for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_whose_open_calls_are_large_together_still_closes() {
+    let c = Cluster::start(1).await;
+    let a = c.a.api();
+    for i in 0..6 {
+        let id = format!("c{i}");
+        // Text no compression shrinks, 200 KB of the 1 MiB max_payload.
+        let big = noise(200_000, i);
+        let (status, body) = a
+            .submit(
+                json!({"operation": "op", "arguments": {"text": big}, "group_id": "g", "id": id}),
+            )
+            .await;
+        assert_eq!(status, 202, "{}", body["error"]);
+        c.tool.next_invocation().await;
+        a.wait_for("g", &id, "call_dispatched").await;
+    }
+    let (status, body) = a.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, thread) = a.thread("g").await;
+    assert_eq!(thread["closed"], true, "{thread}");
+    assert_eq!(thread["counts"], json!({"cancelled": 6}), "{thread}");
+}

@@ -279,7 +279,22 @@ impl Engine {
     #[instrument(skip(self))]
     pub async fn close_thread(&self, group_id: &str) -> Result<u64, Error> {
         self.check_id("group_id", group_id)?;
-        let executed = self.execute(group_id, Command::Close).await?;
+        let executed = match self.execute(group_id, Command::Close).await {
+            // One commit carrying every open call is more than the store
+            // takes (NATS's `max_payload`, in a cluster): end them one
+            // commit each, then close what is left.
+            Err(Error::Store(crate::store::Error::TooLarge(_))) => {
+                let open = self.store.load(group_id, &[]).await?.meta.unsettled;
+                for id in open {
+                    match self.cancel_call(group_id, &id).await {
+                        Ok(_) | Err(Error::Rejected(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                self.execute(group_id, Command::Close).await?
+            }
+            executed => executed?,
+        };
         if executed.decision.outcome == Outcome::Applied {
             for event in &executed.events {
                 let ended = matches!(
