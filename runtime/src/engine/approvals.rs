@@ -5,6 +5,7 @@
 //! re-arms it; the timeout decides through the state machine like a
 //! reviewer, so a decision racing it yields exactly one outcome.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -243,11 +244,22 @@ impl Engine {
         });
     }
 
-    /// Ends the timeouts armed here of calls not in `pending`.
-    pub(super) fn disarm_all_but(&self, pending: &std::collections::HashSet<(String, String)>) {
+    /// The calls whose timeouts are armed here.
+    pub(super) fn armed_keys(&self) -> HashSet<(String, String)> {
+        let armed = self.armed.lock().expect("armed lock");
+        armed.keys().cloned().collect()
+    }
+
+    /// Ends the timeouts armed here of calls among `armed_before` but not
+    /// in `pending`; those armed since stay.
+    pub(super) fn disarm_all_but(
+        &self,
+        pending: &HashSet<(String, String)>,
+        armed_before: &HashSet<(String, String)>,
+    ) {
         let mut armed = self.armed.lock().expect("armed lock");
         armed.retain(|key, task| {
-            let keep = pending.contains(key);
+            let keep = pending.contains(key) || !armed_before.contains(key);
             if let (false, Some(task)) = (keep, task) {
                 task.abort();
             }

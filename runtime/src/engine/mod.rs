@@ -559,6 +559,29 @@ pub(crate) mod tests {
         }
     }
 
+    /// The sweep ends only the timers armed before its listing: a call
+    /// accepted (and armed) while it walks every thread is not in its list,
+    /// yet still waits for its timeout (a review saw such timeouts fire a
+    /// minute late, at the next sweep).
+    #[tokio::test]
+    async fn a_sweep_ends_only_timers_armed_before_it_listed_the_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(engine(Arc::new(SledStore::open(dir.path()).unwrap())));
+        let armed = |id: &str| {
+            let new = call(id, "a");
+            let mut record =
+                crate::thread::CallRecord::queued(id, new.submission, new.tool, None, 1, "");
+            record.approval_deadline = Some("2099-01-01T00:00:00Z".into());
+            engine.arm("g", &record);
+        };
+        armed("decided-elsewhere");
+        let before = engine.armed_keys();
+        armed("accepted-during-the-sweep");
+        engine.disarm_all_but(&Default::default(), &before);
+        let left: Vec<String> = engine.armed_keys().into_iter().map(|(_, id)| id).collect();
+        assert_eq!(left, ["accepted-during-the-sweep"]);
+    }
+
     /// Recovery re-arms every pending approval each time it runs (every
     /// minute on a cluster worker): one timer per call, not one per sweep.
     #[tokio::test]

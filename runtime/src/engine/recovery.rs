@@ -100,6 +100,10 @@ impl Engine {
     pub async fn rearm(self: &Arc<Self>) -> Result<usize, Error> {
         let mut rearmed = 0;
         let mut pending = std::collections::HashSet::new();
+        // Timers armed from here on (calls this worker accepts while the
+        // sweep walks every thread) are not the sweep's to end: its listing
+        // may not have seen their calls.
+        let armed_before = self.armed_keys();
         for (group_id, id) in self.store.open_calls().await? {
             let Some(call) = self.store.call(&group_id, &id).await? else {
                 continue;
@@ -116,7 +120,7 @@ impl Engine {
         }
         // Calls decided elsewhere (another worker, a cancel) wait for no
         // timeout here any more.
-        self.disarm_all_but(&pending);
+        self.disarm_all_but(&pending, &armed_before);
         Ok(rearmed)
     }
 
