@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_tests::{Ferry, FerryOptions, TestTool};
+use futures::StreamExt;
 use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions};
 use serde_json::json;
@@ -29,6 +30,46 @@ fn artifact() -> PathBuf {
     exe.ancestors().nth(3).unwrap().join("ferry-dashboard.png")
 }
 
+/// Headless Chromium, offline.
+fn browser() -> anyhow::Result<Browser> {
+    let args: Vec<&OsStr> = [
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+    ]
+    .iter()
+    .map(OsStr::new)
+    .collect();
+    let options = LaunchOptions::default_builder()
+        .path(Some(chromium()))
+        .headless(true)
+        .sandbox(false)
+        .window_size(Some((1280, 900)))
+        .args(args)
+        .build()?;
+    Browser::new(options)
+}
+
+/// Evaluates `js` in the page until it gives `want` (the page refreshes
+/// once a second), for at most 20 s; returns the last value.
+fn page_shows(tab: &headless_chrome::Tab, js: &str, want: &serde_json::Value) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..100 {
+        last = tab
+            .evaluate(js, false)
+            .ok()
+            .and_then(|r| r.value)
+            .unwrap_or_default();
+        if &last == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    last
+}
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
     let tool = TestTool::with_manifest(json!({"name": "db", "tools": [{
@@ -51,25 +92,7 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
 
     let page = format!("{}/ui", ferry.url);
     let mut browser_side = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
-        let args: Vec<&OsStr> = [
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-quic",
-        ]
-        .iter()
-        .map(OsStr::new)
-        .collect();
-        let options = LaunchOptions::default_builder()
-            .path(Some(chromium()))
-            .headless(true)
-            .sandbox(false)
-            .window_size(Some((1280, 900)))
-            .args(args)
-            .build()?;
-        let browser = Browser::new(options)?;
+        let browser = browser()?;
         let tab = browser.new_tab()?;
         tab.set_default_timeout(Duration::from_secs(30));
         tab.navigate_to(&page)?.wait_until_navigated()?;
@@ -131,4 +154,80 @@ async fn the_dashboard_is_served_from_the_binary() {
     for endpoint in ["/v1/approvals", "/v1/threads"] {
         assert!(html.contains(endpoint), "{endpoint}");
     }
+}
+
+/// Two pending approvals whose ids would join to the same text, ("a/b",
+/// "c") and ("a", "b/c"), are two rows, and the one decided elsewhere
+/// leaves the page (a review saw it stay, its buttons answering 409); and
+/// in a thread of more than a page of events (1 000), a later call's
+/// events still show (a review saw "No events.").
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_never_collide_and_a_long_threads_later_events_show() {
+    let tool = TestTool::with_manifest(json!({"name": "db", "tools": [
+        {"name": "drop_table", "description": "drops a table", "inputSchema": {"type": "object"},
+         "annotations": {"destructive": true}},
+        {"name": "watch", "description": "ticks", "inputSchema": {"type": "object"}}]}))
+    .await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    for (g, id) in [("a/b", "c"), ("a", "b/c")] {
+        let body = json!({"operation": "drop_table", "arguments": {}, "group_id": g, "id": id});
+        assert_eq!(api.submit(body).await.1["status"], "pending_approval");
+    }
+    // A subscription with 1 000 events, then a call that completes.
+    let body = json!({"operation": "watch", "arguments": {}, "group_id": "long", "id": "s"});
+    assert_eq!(api.submit(body).await.0, 202);
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let opened = json!({"type": "tool_result", "group_id": "long", "id": "s", "text": "on", "subscription": true});
+    assert_eq!(api.post(&url, &opened).await.0, 200);
+    let ticks = futures::stream::iter(0..1000).map(|i| {
+        let (api, url) = (api.clone(), url.clone());
+        async move {
+            let tick = json!({"type": "subscription_event", "group_id": "long", "tool_call_id": "s", "text": format!("tick {i}")});
+            api.post(&url, &tick).await.0
+        }
+    });
+    let statuses: Vec<u16> = ticks.buffer_unordered(16).collect().await;
+    assert!(statuses.iter().all(|s| *s == 200));
+    let body = json!({"operation": "watch", "arguments": {}, "group_id": "long", "id": "late"});
+    assert_eq!(api.submit(body).await.0, 202);
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let done = json!({"type": "tool_result", "group_id": "long", "id": "late", "text": "done"});
+    assert_eq!(api.post(&url, &done).await.0, 200);
+
+    let (page, decider) = (format!("{}/ui", ferry.url), api.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let (rows, events) = tokio::task::spawn_blocking(move || {
+        let browser = browser().unwrap();
+        let tab = browser.new_tab().unwrap();
+        tab.set_default_timeout(Duration::from_secs(30));
+        tab.navigate_to(&page).unwrap().wait_until_navigated().unwrap();
+        let count = r##"document.querySelectorAll("#approvals tr[data-call]").length"##;
+        let before = page_shows(&tab, count, &json!(2));
+        let decision = json!({"optionId": "reject_once", "reviewer": "ana"});
+        let (status, _) = runtime.block_on(decider.post("/v1/approvals/a/b%2Fc", &decision));
+        assert_eq!(status, 200);
+        let after = page_shows(&tab, count, &json!(1));
+        tab.wait_for_element(r#"#threads tr[data-thread="long"]"#).unwrap().click().unwrap();
+        tab.wait_for_element(r#"#calls tr[data-call="long/late"]"#).unwrap().click().unwrap();
+        let types = r##"[...document.querySelectorAll("#events tbody tr")].map(r => r.cells[1]?.innerText).includes("tool_result")"##;
+        let events = page_shows(&tab, types, &json!(true));
+        ((before, after), events)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        (json!(2), json!(1)),
+        "approval rows before and after one was decided"
+    );
+    assert_eq!(
+        events,
+        json!(true),
+        "the late call's tool_result on the page"
+    );
 }
