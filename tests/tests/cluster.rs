@@ -368,8 +368,8 @@ async fn reads_say_unavailable_while_nats_is_down_and_calls_are_journaled() {
     let sent = c.tool.next_invocation().await.invocation;
     assert_eq!((sent.group_id.as_str(), sent.id.as_str()), ("g", "j"));
     let b = c.b.api();
-    // Recorded a moment after the tool's 200 (`record_grace`): a result
-    // sent first would make it redundant, and the log one event shorter.
+    // A result sent before the tool's 200 is recorded makes it redundant,
+    // and the log one event shorter.
     b.wait_for("g", "j", "call_dispatched").await;
     let (status, _) = b
         .post(&path_of(&sent.callback_url), &result("g", "j", "late"))

@@ -221,10 +221,6 @@ impl Engine {
     /// them, which must be harmless (a lost `call_dispatched` means the
     /// call is dispatched again: invariant 4 allows it).
     pub async fn record(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        let grace = self.store.record_grace();
-        if !grace.is_zero() {
-            tokio::time::sleep(grace).await;
-        }
         self.execute_with(group_id, command, Durability::Background, false)
             .await
     }

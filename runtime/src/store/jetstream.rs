@@ -120,13 +120,6 @@ pub struct JetStreamStore {
 /// command gives up like a lost commit race and is decided again.
 const COPY_ATTEMPTS: u32 = 8;
 
-/// [`Store::record_grace`]: long enough for a tool that calls back at once
-/// to have its result applied first (a worker's `call_dispatched` then
-/// raced it for the thread's log, and one of them lost the compare-and-set),
-/// short enough that nobody waits on it: the dispatch work stays in hand
-/// for it, and `call_dispatched` appears that much later.
-const RECORD_GRACE: Duration = Duration::from_millis(25);
-
 fn backend(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(e.to_string())
 }
@@ -492,10 +485,6 @@ fn advance(tips: &Tips, group_id: &str, seq: u64) {
 
 #[async_trait]
 impl Store for JetStreamStore {
-    fn record_grace(&self) -> Duration {
-        RECORD_GRACE
-    }
-
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
         let last = self.last(group_id).await?.map(Arc::new);
         let mut state = ThreadState::new(group_id);

@@ -146,15 +146,6 @@ pub trait Store: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
-    /// How long a command nobody waits on waits before it is decided, for
-    /// a store that cannot hold a commit back to merge it with the next
-    /// ([`Store::write_held`]): a fast tool's result, applied meanwhile by
-    /// any process, makes its acknowledgement redundant, and then nothing
-    /// is written at all, rather than a commit that races the result's.
-    fn record_grace(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
-    }
-
     /// Writes the thread's held commit, if any is still held; once it
     /// returns, a [`Store::flush`] makes every held write of the thread
     /// durable.
