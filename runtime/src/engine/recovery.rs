@@ -41,7 +41,10 @@ impl Engine {
                 self.deliver(&group_id, &id, answer);
             }
             match call.status {
-                CallStatus::Queued => queued.push((group_id, call)),
+                // A queued call with subscription events (as older builds
+                // left one whose event came before the tool's 200) is the
+                // tool's already: asked about below, not sent again.
+                CallStatus::Queued if call.awaits_dispatch() => queued.push((group_id, call)),
                 // The deadline is stored with the call: re-arm it.
                 CallStatus::PendingApproval => self.arm(&group_id, &call),
                 status if status.is_open() => {
