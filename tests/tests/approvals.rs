@@ -574,7 +574,23 @@ async fn a_cross_site_request_changes_nothing() {
         before,
         "a cross-site request changed the thread"
     );
-    // Reads are not refused (a browser does not let the page read them).
+    // A page that pointed its own name at Ferry (DNS rebinding) sends that
+    // name as `Host` too: it is not Ferry's, so it is still another site.
+    let port = reqwest::Url::parse(&ferry.url).unwrap().port().unwrap();
+    let rebound = format!("rebound.example:{port}");
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/approvals/g/c", ferry.url))
+        .header("host", &rebound)
+        .header("origin", format!("http://{rebound}"))
+        .header("content-type", "text/plain")
+        .body(approve)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403, "a rebound page");
+    assert_eq!(api.call("g", "c").await.1["status"], "pending_approval");
+    // Reads are not refused (a browser does not let another site's page
+    // read the answers).
     let read = reqwest::Client::new()
         .get(format!("{}/v1/threads/g", ferry.url))
         .header("origin", "http://evil.example")

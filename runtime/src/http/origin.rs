@@ -41,15 +41,20 @@ impl Origins {
         if self.public.as_deref() == Some(serialized.as_str()) {
             return true;
         }
-        let loopback = match url.host() {
-            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-            None => false,
+        let (loopback, address) = match url.host() {
+            Some(url::Host::Domain(d)) => (d.eq_ignore_ascii_case("localhost"), false),
+            Some(url::Host::Ipv4(ip)) => (ip.is_loopback(), true),
+            Some(url::Host::Ipv6(ip)) => (ip.is_loopback(), true),
+            None => (false, false),
         };
-        // Same origin: the page was served by this host and port.
+        // Same origin: the page was served by this address and port. Only
+        // for an address: a page can point its own domain name at Ferry
+        // (DNS rebinding), and its requests then name that domain in both
+        // `Host` and `Origin`; a domain is this Ferry's only as its public
+        // URL's, above.
         let authority = serialized.split_once("://").map(|(_, a)| a);
-        let same = host.is_some_and(|h| authority.is_some_and(|a| a.eq_ignore_ascii_case(h)));
+        let same =
+            address && host.is_some_and(|h| authority.is_some_and(|a| a.eq_ignore_ascii_case(h)));
         loopback || same
     }
 }
@@ -104,6 +109,9 @@ mod tests {
         ] {
             assert!(origins.allows(allowed, host), "{allowed}");
         }
+        // A page that pointed its own name at Ferry (DNS rebinding) sends
+        // that name in `Host` too.
+        assert!(!origins.allows("http://rebound.example:8080", Some("rebound.example:8080")));
         for refused in [
             "http://evil.example",
             "https://ferry.example.com.evil.example",
