@@ -231,3 +231,46 @@ async fn rows_never_collide_and_a_long_threads_later_events_show() {
         "the late call's tool_result on the page"
     );
 }
+
+/// Refreshes overlap (the page's timer, a click, a decision): each event
+/// of the selected call is still shown once (a review of the paged reads
+/// saw every row twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn overlapping_refreshes_show_each_event_once() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    let body = json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"});
+    assert_eq!(api.submit(body).await.0, 202);
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let done = json!({"type": "tool_result", "group_id": "g", "id": "c", "text": "done"});
+    assert_eq!(api.post(&url, &done).await.0, 200);
+    let seqs: Vec<String> = api
+        .events("g", 0)
+        .await
+        .iter()
+        .map(|e| e["seq"].to_string())
+        .collect();
+    let page = format!("{}/ui", ferry.url);
+    let shown = tokio::task::spawn_blocking(move || {
+        let browser = browser().unwrap();
+        let tab = browser.new_tab().unwrap();
+        tab.set_default_timeout(Duration::from_secs(30));
+        tab.navigate_to(&page).unwrap().wait_until_navigated().unwrap();
+        tab.wait_for_element(r#"#threads tr[data-thread="g"]"#).unwrap();
+        let js = r##"(async () => {
+            selectedThread = "g"; selectedCall = "c";
+            await Promise.all([refresh(), refresh()]);
+            await refresh();
+            return [...document.querySelectorAll("#events tbody tr")].map(r => r.cells[0].innerText).join(",");
+        })()"##;
+        tab.evaluate(js, true).unwrap().value.unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(shown, json!(seqs.join(",")), "event rows on the page");
+}
