@@ -61,13 +61,14 @@ struct Serve {
     #[arg(long, default_value = "./ferry-data", env = "FERRY_DATA")]
     data: PathBuf,
     /// Base URL tools use to reach this process (default: http://LISTEN).
-    #[arg(long, env = "FERRY_PUBLIC_URL")]
+    #[arg(long, env = "FERRY_PUBLIC_URL", value_parser = http_url)]
     public_url: Option<String>,
     /// A RAP tool server's base URL to register at start (repeatable).
     #[arg(
         long = "tool-server",
         env = "FERRY_TOOL_SERVERS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = http_url
     )]
     tool_servers: Vec<String>,
     /// Start the demo tool beside Ferry and register its toolset.
@@ -98,7 +99,12 @@ struct FrontArgs {
     #[arg(long, env = "FERRY_OXP_API_KEY", hide_env_values = true)]
     oxp_api_key: Option<String>,
     /// OXP: seconds `tools/call` waits for a result before "retry later".
-    #[arg(long, default_value_t = 30, env = "FERRY_OXP_WAIT_SECS")]
+    #[arg(
+        long,
+        default_value_t = 30,
+        env = "FERRY_OXP_WAIT_SECS",
+        value_parser = clap::value_parser!(u64).range(0..=MAX_OXP_WAIT_SECS)
+    )]
     oxp_wait_secs: u64,
     /// A `Host` (`name` or `name:port`) `/mcp` accepts besides loopback
     /// (repeatable): DNS-rebinding protection refuses any other.
@@ -179,19 +185,58 @@ impl DispatchArgs {
     }
 }
 
+/// The longest `--oxp-wait-secs`: a day (a wait is added to the clock, and
+/// OXP clients give up after about a minute anyway).
+const MAX_OXP_WAIT_SECS: u64 = 86_400;
+
+/// An http(s) URL with a host, as tools and Ferry must reach it; checked
+/// at start, since a bad one would only show as callbacks that never come
+/// (in `--public-url`) or a toolset never registered.
+fn http_url(text: &str) -> Result<String, String> {
+    match reqwest::Url::parse(text) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!(
+            "{text:?} is not an http(s) URL with a host (e.g. http://127.0.0.1:8080)"
+        )),
+    }
+}
+
+/// One or more NATS URLs, comma-separated, none empty.
+fn nats_urls(text: &str) -> Result<String, String> {
+    if text.split(',').any(|u| u.trim().is_empty()) {
+        return Err(format!(
+            "{text:?} names no NATS server (e.g. nats://127.0.0.1:4222)"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// The cluster's callback secret, checked before NATS is reached.
+fn cluster_secret(text: &str) -> Result<String, String> {
+    if text.len() < 16 {
+        return Err(
+            "the secret must be at least 16 bytes (and the same on every node and worker)".into(),
+        );
+    }
+    Ok(text.to_owned())
+}
+
 /// What the cluster roles share.
 #[derive(Args)]
 struct ClusterArgs {
     /// NATS server URL(s), comma-separated.
-    #[arg(long, default_value = "nats://127.0.0.1:4222", env = "FERRY_NATS")]
+    #[arg(long, default_value = "nats://127.0.0.1:4222", env = "FERRY_NATS", value_parser = nats_urls)]
     nats: String,
-    /// Secret for callback tokens: the same on every runtime node and worker.
-    #[arg(long, env = "FERRY_SECRET", hide_env_values = true)]
+    /// Secret for callback tokens: the same on every runtime node and worker
+    /// (at least 16 bytes).
+    #[arg(long, env = "FERRY_SECRET", hide_env_values = true, value_parser = cluster_secret)]
     secret: String,
     /// Base URL tools reach the runtime nodes at (a load balancer, or one
     /// node). Required for workers (it goes into callback URLs); a runtime
     /// node defaults to its own address.
-    #[arg(long, env = "FERRY_PUBLIC_URL")]
+    #[arg(long, env = "FERRY_PUBLIC_URL", value_parser = http_url)]
     public_url: Option<String>,
     /// Replicas of each JetStream stream (3 on a three-node NATS cluster).
     #[arg(long, default_value_t = 1, env = "FERRY_REPLICAS")]
@@ -223,7 +268,8 @@ struct Runtime {
     #[arg(
         long = "tool-server",
         env = "FERRY_TOOL_SERVERS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = http_url
     )]
     tool_servers: Vec<String>,
     /// Largest accepted request body, in bytes.

@@ -229,7 +229,7 @@ fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
     let worker = [
         "worker",
         "--secret",
-        "s",
+        "0123456789abcdef",
         "--public-url",
         "http://127.0.0.1:9",
     ];
@@ -250,6 +250,68 @@ fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
             "{} {flag} 0: {stderr}",
             command[0]
         );
+    }
+}
+
+/// Values that would only fail later, and quietly, stop `ferry` at start
+/// with an error naming the flag (a review found a `--public-url` without
+/// a scheme accepted, so no callback could ever arrive; an empty `--nats`
+/// retried for ever; a huge `--oxp-wait-secs` dropped every OXP call; a
+/// short worker `--secret` went unreported while NATS was down).
+#[test]
+fn values_that_could_only_fail_later_are_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let data = data.path().to_str().unwrap();
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--data", data];
+    let worker = ["worker", "--nats", "nats://127.0.0.1:9"];
+    let secret = ["--secret", "0123456789abcdef"];
+    let public = ["--public-url", "http://127.0.0.1:9"];
+    let cases: [(&[&str], &[&str], &str); 8] = [
+        (&serve, &["--public-url", "127.0.0.1:8080"], "--public-url"),
+        (&serve, &["--public-url", ""], "--public-url"),
+        (&serve, &["--tool-server", "notaurl"], "--tool-server"),
+        (
+            &serve,
+            &["--oxp-wait-secs", "18446744073709551615"],
+            "--oxp-wait-secs",
+        ),
+        (
+            &worker,
+            &["--secret", "short", "--public-url", "http://127.0.0.1:9"],
+            "--secret",
+        ),
+        (
+            &worker,
+            &[secret[0], secret[1], "--public-url", "ftp://x"],
+            "--public-url",
+        ),
+        (
+            &worker,
+            &[secret[0], secret[1], public[0], public[1], "--nats", ""],
+            "--nats",
+        ),
+        (
+            &worker,
+            &[
+                secret[0],
+                secret[1],
+                public[0],
+                public[1],
+                "--nats",
+                "nats://a:1,",
+            ],
+            "--nats",
+        ),
+    ];
+    for (command, args, flag) in cases {
+        let out = std::process::Command::new(ferry_tests::ferry::binary())
+            .args(command)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
 }
 
