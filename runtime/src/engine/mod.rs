@@ -430,13 +430,28 @@ pub(crate) mod tests {
 
     /// An engine on `store`, its tokens minted with the secret `secret`.
     pub(crate) fn engine(store: Arc<SledStore>) -> Engine {
+        engine_with(store, LocalBus::new())
+    }
+
+    /// [`engine`], handing its work to `bus`.
+    fn engine_with(store: Arc<SledStore>, bus: LocalBus) -> Engine {
         Engine::new(
             Config::default(),
             store,
-            Arc::new(LocalBus::new()),
+            Arc::new(bus),
             Capabilities::new(b"secret"),
             reqwest::Client::new(),
         )
+    }
+
+    /// `call`, for a tool at `base`.
+    fn to_tool(mut call: NewCall, base: &str) -> NewCall {
+        call.target = Some(ferry_proto::api::ToolTarget {
+            tool_name: "echo".into(),
+            base_url: base.into(),
+            endpoint: format!("{base}/invoke"),
+        });
+        call
     }
 
     /// A call of `demo.echo` with no tool to dispatch to.
@@ -489,23 +504,12 @@ pub(crate) mod tests {
     /// enqueued again when the decision is applied again.
     #[tokio::test]
     async fn a_repeated_approval_enqueues_a_call_still_queued() {
-        use ferry_proto::api::ToolTarget;
         use futures::FutureExt;
         let dir = tempfile::tempdir().unwrap();
         let bus = LocalBus::new();
-        let engine = Arc::new(Engine::new(
-            Config::default(),
-            Arc::new(SledStore::open(dir.path()).unwrap()),
-            Arc::new(bus.clone()),
-            Capabilities::new(b"secret"),
-            reqwest::Client::new(),
-        ));
-        let mut gated = call("c1", "a");
-        gated.target = Some(ToolTarget {
-            tool_name: "echo".into(),
-            base_url: "http://tool".into(),
-            endpoint: "http://tool/invoke".into(),
-        });
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let engine = Arc::new(engine_with(store, bus.clone()));
+        let mut gated = to_tool(call("c1", "a"), "http://tool");
         gated.gate = Some(crate::thread::Gate {
             deadline: "2099-01-01T00:00:00Z".into(),
             inherited: None,
@@ -561,25 +565,14 @@ pub(crate) mod tests {
     /// then dropped as unwanted, which left it queued for good.
     #[tokio::test]
     async fn an_old_queued_call_with_events_is_asked_about_at_recovery() {
-        use ferry_proto::api::{Event, EventKind, ToolTarget};
+        use ferry_proto::api::{Event, EventKind};
         use futures::FutureExt;
         let dir = tempfile::tempdir().unwrap();
         let bus = LocalBus::new();
         bus.set_handler(Arc::new(|_| async {}.boxed()));
         let store = Arc::new(SledStore::open(dir.path()).unwrap());
-        let engine = Arc::new(Engine::new(
-            Config::default(),
-            store.clone(),
-            Arc::new(bus),
-            Capabilities::new(b"secret"),
-            reqwest::Client::new(),
-        ));
-        let mut new = call("c1", "a");
-        new.target = Some(ToolTarget {
-            tool_name: "echo".into(),
-            base_url: "http://127.0.0.1:1".into(),
-            endpoint: "http://127.0.0.1:1/invoke".into(),
-        });
+        let engine = Arc::new(engine_with(store.clone(), bus));
+        let new = to_tool(call("c1", "a"), "http://127.0.0.1:1");
         engine.execute("g", Command::Submit(new)).await.unwrap();
         // What an older build recorded for an event before the 200.
         let mut state = store.load("g", &["c1"]).await.unwrap();
