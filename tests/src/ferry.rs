@@ -115,6 +115,15 @@ impl Ferry {
         ferry
     }
 
+    /// Starts `ferry serve` with `tool`'s server registered at start.
+    pub async fn with_tool(tool: &crate::TestTool) -> Ferry {
+        Ferry::start(FerryOptions {
+            tool_servers: vec![tool.url.clone()],
+            ..FerryOptions::default()
+        })
+        .await
+    }
+
     /// Starts `ferry serve --demo` with default options.
     pub async fn with_demo() -> Ferry {
         Ferry::start(FerryOptions {

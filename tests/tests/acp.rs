@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
+use ferry_tests::{Ack, Ferry, TestTool};
 use futures::future::join_all;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -471,11 +471,7 @@ async fn an_oxp_call_to_a_gated_tool_waits_for_the_acp_clients_approval() {
 async fn a_late_acknowledgement_does_not_reopen_a_finished_call() {
     let tool = TestTool::start("t", &["op"]).await;
     tool.plan(&[Ack::Status(500), Ack::Held]);
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     submit(&ferry, "g-late", "c", "op", json!({})).await;
     tool.next_invocation().await;

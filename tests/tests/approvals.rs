@@ -18,11 +18,7 @@ async fn tool() -> TestTool {
 }
 
 async fn ferry_with(tool: &TestTool) -> Ferry {
-    Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await
+    Ferry::with_tool(tool).await
 }
 
 async fn submit(api: &Api, g: &str, id: &str, op: &str, ancestors: Option<Vec<&str>>) -> Value {

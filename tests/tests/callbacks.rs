@@ -2,7 +2,7 @@
 //! forged and unmatched callbacks, subscriptions and their cancellation.
 
 use ferry_runtime::token::Capabilities;
-use ferry_tests::{Api, Ferry, FerryOptions, TestTool, TEST_SECRET};
+use ferry_tests::{Api, Ferry, TestTool, TEST_SECRET};
 use futures::future::join_all;
 use serde_json::{json, Value};
 
@@ -14,11 +14,7 @@ struct Setup {
 impl Setup {
     async fn new() -> Setup {
         let tool = TestTool::start("t", &["op"]).await;
-        let ferry = Ferry::start(FerryOptions {
-            tool_servers: vec![tool.url.clone()],
-            ..FerryOptions::default()
-        })
-        .await;
+        let ferry = Ferry::with_tool(&tool).await;
         Setup { ferry, tool }
     }
 

@@ -7,11 +7,7 @@ use ferry_tests::{Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
 
 async fn ferry_with(tool: &TestTool) -> Ferry {
-    Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await
+    Ferry::with_tool(tool).await
 }
 
 fn error_code(body: &Value) -> &str {

@@ -2,16 +2,12 @@
 //! answer is durable, then delivered to the tool's `response_url`), and the
 //! `display` rendering rule of rap-2.
 
-use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
+use ferry_tests::{Ack, Ferry, TestTool};
 use serde_json::{json, Value};
 
 async fn setup() -> (Ferry, TestTool, String) {
     let tool = TestTool::start("t", &["op"]).await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
         .await;
@@ -147,11 +143,7 @@ async fn display_renders_the_first_supported_segment_or_the_text() {
 async fn malformed_paths_and_redirecting_tools_are_handled() {
     let tool = TestTool::start("t", &["op"]).await;
     tool.plan(&[Ack::Status(302)]);
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     // Invalid UTF-8 in a path segment: the API's error shape, not text.
     let (status, body) = api.get("/v1/threads/%FF/events").await;

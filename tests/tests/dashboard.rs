@@ -76,11 +76,7 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         "name": "drop_table", "description": "drops a table", "inputSchema": {"type": "object"},
         "annotations": {"destructive": true}}]}))
     .await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     let (status, reply) = api
         .submit(json!({"operation": "drop_table", "arguments": {"table": "users"}, "group_id": "g", "id": "c", "user_id": "ana"}))
@@ -168,11 +164,7 @@ async fn rows_never_collide_and_a_long_threads_later_events_show() {
          "annotations": {"destructive": true}},
         {"name": "watch", "description": "ticks", "inputSchema": {"type": "object"}}]}))
     .await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     for (g, id) in [("a/b", "c"), ("a", "b/c")] {
         let body = json!({"operation": "drop_table", "arguments": {}, "group_id": g, "id": id});
@@ -238,11 +230,7 @@ async fn rows_never_collide_and_a_long_threads_later_events_show() {
 #[tokio::test(flavor = "multi_thread")]
 async fn overlapping_refreshes_show_each_event_once() {
     let tool = TestTool::start("t", &["op"]).await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     let body = json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"});
     assert_eq!(api.submit(body).await.0, 202);

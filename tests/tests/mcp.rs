@@ -784,11 +784,7 @@ async fn a_task_survives_kill_9_and_a_new_session_reads_its_result() {
          "annotations": {"longRunning": true}}
     ]}))
     .await;
-    let mut ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let mut ferry = Ferry::with_tool(&tool).await;
     let mut raw = Raw::new(&ferry);
     raw.initialize("2025-11-25").await;
     let created = raw
@@ -872,11 +868,7 @@ async fn the_official_conformance_suite_passes_the_scenarios_that_apply() {
     let suite =
         installed("target/node/node_modules/@modelcontextprotocol/conformance/dist/index.js");
     let (tool, answering) = conformance_tools().await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     for scenario in [
         "server-initialize",
         "ping",

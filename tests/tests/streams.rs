@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::Invocation;
 use ferry_tests::api::seg;
 use ferry_tests::sse::{Sse, SseReader};
-use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
+use ferry_tests::{Api, Ferry, TestTool};
 use serde_json::{json, Value};
 
 /// Asserts an answer is the API's error shape with `status` and `code`.
@@ -26,11 +26,7 @@ fn refused(answer: &(u16, Value), status: u16, code: &str) {
 /// registered it at start.
 async fn setup() -> (TestTool, Ferry) {
     let tool = TestTool::start("S", &["op"]).await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     (tool, ferry)
 }
 
@@ -449,11 +445,7 @@ async fn closing_a_thread_tells_the_tools_and_refuses_later_calls() {
 async fn closing_a_thread_ends_what_is_open_in_it() {
     let tool = TestTool::start("S", &["op"]).await;
     tool.plan(&[ferry_tests::Ack::Ok, ferry_tests::Ack::RetryAfter(503, 2)]);
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     let sub = dispatched(&api, &tool, "g", "sub").await;
     let on = json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "on", "subscription": true});

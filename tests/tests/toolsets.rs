@@ -155,11 +155,7 @@ async fn a_registered_tool_is_listed_and_callable_by_every_name() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tool_servers_given_on_the_command_line_are_registered_at_start() {
     let tool = TestTool::start("Boot", &["hello"]).await;
-    let ferry = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::default()
-    })
-    .await;
+    let ferry = Ferry::with_tool(&tool).await;
     let api = ferry.api();
     // Registered before Ferry announced its address: no waiting needed.
     let (status, one) = api.get("/v1/toolsets/Boot").await;

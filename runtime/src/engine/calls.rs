@@ -162,7 +162,7 @@ impl Engine {
                 .iter()
                 .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled {}));
             if did_cancel {
-                self.subscription_closed(&group_id, &cancelled);
+                self.call_cancelled(&group_id, &cancelled);
             }
         } else {
             match call.status {
@@ -238,8 +238,7 @@ impl Engine {
             .await?;
         let call = executed.state.calls[id].clone();
         if call.status == CallStatus::Cancelled {
-            self.disarm(group_id, id);
-            self.subscription_closed(group_id, id);
+            self.call_cancelled(group_id, id);
         }
         Ok(call)
     }
@@ -251,8 +250,7 @@ impl Engine {
         let executed = self
             .execute(group_id, Command::Withdraw { id: id.into() })
             .await?;
-        self.disarm(group_id, id);
-        self.subscription_closed(group_id, id);
+        self.call_cancelled(group_id, id);
         Ok(executed.state.calls[id].clone())
     }
 
@@ -262,12 +260,15 @@ impl Engine {
         let executed = self
             .execute(group_id, Command::CancelSubscription { id: id.into() })
             .await?;
-        self.subscription_closed(group_id, id);
+        self.call_cancelled(group_id, id);
         Ok(executed.state.calls[id].clone())
     }
 
-    /// Tells every tool server, best effort and without waiting.
-    fn subscription_closed(&self, group_id: &str, id: &str) {
+    /// Ends what a cancelled call (or subscription) still had here, its
+    /// approval timeout, and tells every tool server, best effort and
+    /// without waiting.
+    fn call_cancelled(&self, group_id: &str, id: &str) {
+        self.disarm(group_id, id);
         info!(group_id, call_id = id, "call cancelled");
         ::metrics::counter!(metrics::OUTCOMES, "status" => "cancelled").increment(1);
         tokio::spawn(self.notifier.cancel_tool_call(self.servers(), group_id, id));
@@ -302,8 +303,7 @@ impl Engine {
                     EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {}
                 );
                 if let (true, Some(id)) = (ended, event.id.as_deref()) {
-                    self.disarm(group_id, id);
-                    self.subscription_closed(group_id, id);
+                    self.call_cancelled(group_id, id);
                 }
             }
             tokio::spawn(self.notifier.close_thread(self.servers(), group_id));

@@ -147,20 +147,16 @@ pub async fn choose(
             "give exactly one of \"index\" or \"choice\"",
         ));
     }
-    let index = match choice.index.map(usize::try_from) {
-        Some(Err(_)) => {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_choice",
-                format!(
-                    "index {} is not one of the choices",
-                    choice.index.unwrap_or_default()
-                ),
-            ))
-        }
-        Some(Ok(index)) => Some(index),
-        None => None,
-    };
+    let index = choice.index.map(usize::try_from).transpose().map_err(|_| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_choice",
+            format!(
+                "index {} is not one of the choices",
+                choice.index.unwrap_or_default()
+            ),
+        )
+    })?;
     let request = Request::Choose {
         group_id: group_id.clone(),
         id,

@@ -591,8 +591,8 @@ impl Store for JetStreamStore {
         };
         // The tip as stored now; commits after it arrive by subscription.
         let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
-        let group_id_owned = group_id.to_owned();
-        tokio::spawn(async move { catch_up(&stream, &tips, group_id_owned).await });
+        let thread = group_id.to_owned();
+        tokio::spawn(async move { catch_up(&stream, &tips, thread).await });
         Watch::of_tip(receiver, &self.tips, group_id, |t| t.receiver_count() == 0)
     }
 

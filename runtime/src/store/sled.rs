@@ -348,11 +348,7 @@ impl SledStore {
             let pointed = self
                 .calls
                 .insert(keys::call(group_id, &call.id), at.as_slice());
-            if let Err(e) = pointed {
-                // As for a commit: sled failed a write; nothing more goes in.
-                self.poisoned.store(true, Ordering::SeqCst);
-                return Err(backend(e));
-            }
+            self.poison_on(pointed)?;
         }
         let mut commit = Commit::of(&write);
         {
@@ -435,11 +431,16 @@ impl SledStore {
     /// sled, and the next write could leave a gap in the thread's log.
     fn insert_commit(&self, group_id: &str, commit: &Commit) -> Result<(), Error> {
         let key = keys::commit(group_id, commit.meta.last_seq);
-        if let Err(e) = self.log.insert(key, encode(commit)) {
-            self.poisoned.store(true, Ordering::SeqCst);
-            return Err(backend(e));
-        }
+        self.poison_on(self.log.insert(key, encode(commit)))?;
         Ok(())
+    }
+
+    /// A failed sled write poisons the store: nothing more goes in.
+    fn poison_on<T>(&self, written: sled::Result<T>) -> Result<T, Error> {
+        written.map_err(|e| {
+            self.poisoned.store(true, Ordering::SeqCst);
+            backend(e)
+        })
     }
 }
 
@@ -1002,7 +1003,7 @@ mod tests {
     async fn a_poisoned_store_shows_nothing_more() {
         let dir = tempfile::tempdir().unwrap();
         let store = held_dispatch(dir.path()).await;
-        store.poisoned.store(true, Ordering::SeqCst);
+        store.poison();
         assert!(store.flush().await.is_err());
         store.publish("g", 2);
         assert_eq!(*store.watch("g").borrow(), 1);
