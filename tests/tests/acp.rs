@@ -501,3 +501,48 @@ async fn a_late_acknowledgement_does_not_reopen_a_finished_call() {
         "{of_c:?}"
     );
 }
+
+/// A subscription's events are updates of a running call: each carries
+/// `in_progress`, also one that came before the tool's 200 (no
+/// `call_dispatched` is recorded then to say so), and the final one
+/// `completed` (ACP: "in_progress — The tool call is currently running").
+#[tokio::test]
+async fn a_subscriptions_events_show_the_call_in_progress() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::Held]);
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    submit(&ferry, "g-sub", "c", "op", json!({})).await;
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let early = json!({"type": "subscription_event", "group_id": "g-sub", "tool_call_id": "c", "text": "early"});
+    assert_eq!(api.post(&url, &early).await.0, 200);
+    tool.release();
+    let opened = json!({"type": "tool_result", "group_id": "g-sub", "id": "c", "text": "watching", "subscription": true});
+    assert_eq!(api.post(&url, &opened).await.0, 200);
+    for (text, last) in [("tick", false), ("done", true)] {
+        let event = json!({"type": "subscription_event", "group_id": "g-sub", "tool_call_id": "c", "text": text, "final": last});
+        assert_eq!(api.post(&url, &event).await.0, 200);
+    }
+
+    let mut acp = Acp::open(&ferry, "g-sub", None).await;
+    let seen = acp.until(is_final_update("c")).await;
+    let texts: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|(_, m)| update(m))
+        .filter_map(|u| {
+            let text = u["content"][0]["content"]["text"].as_str()?;
+            Some((text, u["status"].as_str().unwrap_or("none")))
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            ("early", "in_progress"),
+            ("watching", "in_progress"),
+            ("tick", "in_progress"),
+            ("done", "completed"),
+        ]
+    );
+    let messages: Vec<Value> = seen.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(schema_errors(&messages).await, Vec::<Value>::new());
+}

@@ -85,14 +85,16 @@ pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>)
             });
             update(u)
         }
-        EventKind::SubscriptionEvent { text, is_final, .. } => {
-            let u = if *is_final {
-                status("completed")
+        // A call whose tool sends events is running, even when an event
+        // came before the tool's 200 (then no `call_dispatched` said so).
+        EventKind::SubscriptionEvent { text, is_final, .. } => update(with_text(
+            status(if *is_final {
+                "completed"
             } else {
-                json!({"sessionUpdate": "tool_call_update", "toolCallId": id})
-            };
-            update(with_text(u, text.clone()))
-        }
+                "in_progress"
+            }),
+            text.clone(),
+        )),
         EventKind::SubscriptionCancelled {} => update(status("completed")),
         EventKind::OAuth { auth_url } => update(with_text(
             status("in_progress"),
