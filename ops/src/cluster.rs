@@ -225,12 +225,7 @@ async fn attach(
             }
         }
     }
-    for url in &options.tool_servers {
-        match engine.register_toolset(url, None, None).await {
-            Ok(t) => info!(toolset = %t.name, url, "toolset registered at start"),
-            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
-        }
-    }
+    crate::tool_servers::register(&engine, &options.tool_servers).await;
     info!("attached to NATS");
 }
 

@@ -5,3 +5,4 @@ pub mod bench;
 pub mod cluster;
 pub mod demo_tool;
 pub mod serve;
+pub mod tool_servers;

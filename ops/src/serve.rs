@@ -16,7 +16,7 @@ use ferry_runtime::{Config, Engine};
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use futures::FutureExt;
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::info;
 
 /// Everything `ferry serve` is told.
 #[derive(Debug, Clone)]
@@ -167,14 +167,13 @@ pub async fn start(
     } else {
         None
     };
-    for url in options.tool_servers.iter().chain(demo_url.iter()) {
-        match engine.register_toolset(url, None, None).await {
-            Ok(t) => {
-                info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered at start")
-            }
-            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
-        }
-    }
+    let servers: Vec<String> = options
+        .tool_servers
+        .iter()
+        .chain(&demo_url)
+        .cloned()
+        .collect();
+    crate::tool_servers::register(&engine, &servers).await;
 
     let checks = engine.recover().await?;
     tokio::spawn(checks);

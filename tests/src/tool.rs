@@ -51,6 +51,8 @@ struct Shared {
     notices: mpsc::UnboundedSender<(String, Value)>,
     all: Mutex<Vec<Invocation>>,
     release: tokio::sync::Notify,
+    manifest_fetches: std::sync::atomic::AtomicUsize,
+    manifest_status: Mutex<u16>,
 }
 
 pub struct TestTool {
@@ -79,8 +81,23 @@ impl TestTool {
 
     /// A tool server publishing `manifest`; its `endpoint`, when absent, is
     /// filled in with this server's `/invoke`.
-    pub async fn with_manifest(mut manifest: Value) -> TestTool {
+    pub async fn with_manifest(manifest: Value) -> TestTool {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serving(listener, manifest)
+    }
+
+    /// [`TestTool::start`] on `addr` (`host:port`): a tool server coming up
+    /// where one was expected.
+    pub async fn start_at(addr: &str, name: &str, tools: &[&str]) -> TestTool {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"name": t, "description": t, "inputSchema": text_schema()}))
+            .collect();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        Self::serving(listener, json!({"name": name, "tools": tools}))
+    }
+
+    fn serving(listener: tokio::net::TcpListener, mut manifest: Value) -> TestTool {
         let url = format!("http://{}", listener.local_addr().unwrap());
         if manifest.get("endpoint").is_none() {
             manifest["endpoint"] = json!(format!("{url}/invoke"));
@@ -95,6 +112,8 @@ impl TestTool {
             notices: notices_tx,
             all: Mutex::new(vec![]),
             release: tokio::sync::Notify::new(),
+            manifest_fetches: Default::default(),
+            manifest_status: Mutex::new(200),
         });
         let app = Router::new()
             .route("/.well-known/rap-toolset", get(manifest_route))
@@ -166,6 +185,18 @@ impl TestTool {
         self.shared.all.lock().unwrap().clone()
     }
 
+    /// Answers discovery with `status` (the document only with 200).
+    pub fn set_manifest_status(&self, status: u16) {
+        *self.shared.manifest_status.lock().unwrap() = status;
+    }
+
+    /// How many times its discovery document was fetched.
+    pub fn manifest_fetches(&self) -> usize {
+        self.shared
+            .manifest_fetches
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Stops serving: later connections are refused.
     pub fn stop(&self) {
         self.server.abort();
@@ -178,8 +209,14 @@ impl Drop for TestTool {
     }
 }
 
-async fn manifest_route(State(s): State<Arc<Shared>>) -> Json<Value> {
-    Json(s.manifest.lock().unwrap().clone())
+async fn manifest_route(State(s): State<Arc<Shared>>) -> Response {
+    s.manifest_fetches
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let status = *s.manifest_status.lock().unwrap();
+    if status != 200 {
+        return StatusCode::from_u16(status).unwrap().into_response();
+    }
+    Json(s.manifest.lock().unwrap().clone()).into_response()
 }
 
 async fn invoke(State(s): State<Arc<Shared>>, Json(invocation): Json<Invocation>) -> Response {

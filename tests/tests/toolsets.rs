@@ -168,6 +168,87 @@ async fn tool_servers_given_on_the_command_line_are_registered_at_start() {
     assert_eq!((sent.operation.as_str(), sent.id.as_str()), ("hello", "c1"));
 }
 
+/// A tool server that comes up after Ferry (connection refused at start)
+/// is registered once it answers, without a restart, and its tools work.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_server_down_at_start_is_registered_once_it_comes_up() {
+    let addr = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().to_string()
+    };
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![format!("http://{addr}")],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    refused(&api.get("/v1/toolsets/Late").await, 404, "not_found");
+    refused(
+        &call(&api, "g", "c0", "hello", json!({})).await,
+        400,
+        "unknown_tool",
+    );
+
+    let tool = TestTool::start_at(&addr, "Late", &["hello"]).await;
+    registered(&api, "Late").await;
+    let (status, reply) = call(&api, "g", "c1", "hello", json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(tool.next_invocation().await.invocation.id, "c1");
+}
+
+/// Waits (up to 20 s) until toolset `name` is registered.
+async fn registered(api: &Api, name: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = api.get(&format!("/v1/toolsets/{name}")).await;
+        if status == 200 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} not registered within 20 s: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An invalid discovery document at start is refused once and not fetched
+/// again (it will not fix itself); a server answering 503 meanwhile (up,
+/// not ready) is asked again and registered once it serves its toolset.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_start_an_invalid_toolset_is_not_retried_and_an_unready_server_is() {
+    let invalid = TestTool::with_manifest(
+        json!({"name": "Bad", "tools": [{"name": "x", "description": "no schema"}]}),
+    )
+    .await;
+    let unready = TestTool::start("Ready", &["hello"]).await;
+    unready.set_manifest_status(503);
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![invalid.url.clone(), unready.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    // Retries start about a second apart (0.5–1.5 s, jittered) and grow by
+    // half each time: three retries of the unready server take at least
+    // 0.5 + 0.75 + 1.125 s, past the latest a first retry of the invalid
+    // document could have come.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while unready.manifest_fetches() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "not asked again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    refused(&api.get("/v1/toolsets/Ready").await, 404, "not_found");
+    assert_eq!(
+        invalid.manifest_fetches(),
+        1,
+        "an invalid document was fetched again"
+    );
+    unready.set_manifest_status(200);
+    registered(&api, "Ready").await;
+    refused(&api.get("/v1/toolsets/Bad").await, 404, "not_found");
+}
+
 /// Serves `manifest` (toolset `Bad`, which also lists a valid tool `ok`),
 /// and asserts registering it is refused 422 `invalid_toolset` and leaves
 /// nothing registered. Returns the error message.
