@@ -76,7 +76,7 @@ pub struct BenchArgs {
     /// JetStream's `sync_interval` for --cluster: `always` (every write on
     /// disk before its ack: what one durable server needs) or a duration
     /// such as `2m` (the default of NATS; durable only with R3).
-    #[arg(long, default_value = "always")]
+    #[arg(long, default_value = "always", value_parser = sync_interval)]
     pub nats_sync_interval: String,
     /// The cluster shapes for --cluster, as NODESxWORKERS, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1x1,1x3,2x1,2x3", value_parser = shape)]
@@ -93,6 +93,39 @@ fn shape(text: &str) -> Result<(usize, usize), String> {
         _ => Err(format!(
             "{text:?} is not NODESxWORKERS (each at least 1), such as 2x3"
         )),
+    }
+}
+
+/// `always`, or a duration as NATS reads one (`2m`, `500ms`, `1m30s`,
+/// `1.5s`):
+/// the value goes into the server's configuration file as it is.
+fn sync_interval(text: &str) -> Result<String, String> {
+    const UNITS: [&str; 7] = ["ns", "us", "µs", "ms", "s", "m", "h"];
+    let mut rest = text;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let whole = digits(rest);
+        let digits = match rest[whole..].strip_prefix('.') {
+            Some(after) if whole > 0 && digits(after) > 0 => whole + 1 + digits(after),
+            _ => whole,
+        };
+        let unit = UNITS
+            .iter()
+            .filter(|u| rest[digits..].starts_with(*u))
+            .max_by_key(|u| u.len());
+        match unit {
+            Some(unit) if digits > 0 => rest = &rest[digits + unit.len()..],
+            _ => break,
+        }
+        parts += 1;
+    }
+    if text == "always" || (parts > 0 && rest.is_empty()) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is neither `always` nor a duration such as 2m, 500ms or 1m30s"
+        ))
     }
 }
 
@@ -953,6 +986,29 @@ mod tests {
         assert_eq!(shape("2x3"), Ok((2, 3)));
         for bad in ["", "2", "x3", "2x", "0x1", "1x0", "-1x2", "2x3x4", "axb"] {
             assert!(shape(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn sync_intervals_are_always_or_a_duration() {
+        for good in [
+            "always", "2m", "500ms", "1m30s", "10s", "1h", "250us", "1.5s",
+        ] {
+            assert_eq!(sync_interval(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "",
+            "bogus",
+            "2",
+            "m",
+            "2x",
+            "2m\nlisten: 0",
+            "-1s",
+            "1.s",
+            ".5s",
+            "Always",
+        ] {
+            assert!(sync_interval(bad).is_err(), "{bad:?} accepted");
         }
     }
 
