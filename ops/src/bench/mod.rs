@@ -97,8 +97,7 @@ fn shape(text: &str) -> Result<(usize, usize), String> {
 }
 
 /// `always`, or a duration as NATS reads one (`2m`, `500ms`, `1m30s`,
-/// `1.5s`):
-/// the value goes into the server's configuration file as it is.
+/// `1.5s`): the value goes into the server's configuration file as it is.
 fn sync_interval(text: &str) -> Result<String, String> {
     const UNITS: [&str; 7] = ["ns", "us", "µs", "ms", "s", "m", "h"];
     let mut rest = text;
@@ -106,16 +105,16 @@ fn sync_interval(text: &str) -> Result<String, String> {
     while !rest.is_empty() {
         let digits = |s: &str| s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
         let whole = digits(rest);
-        let digits = match rest[whole..].strip_prefix('.') {
+        let number = match rest[whole..].strip_prefix('.') {
             Some(after) if whole > 0 && digits(after) > 0 => whole + 1 + digits(after),
             _ => whole,
         };
         let unit = UNITS
             .iter()
-            .filter(|u| rest[digits..].starts_with(*u))
+            .filter(|u| rest[number..].starts_with(*u))
             .max_by_key(|u| u.len());
         match unit {
-            Some(unit) if digits > 0 => rest = &rest[digits + unit.len()..],
+            Some(unit) if number > 0 => rest = &rest[number + unit.len()..],
             _ => break,
         }
         parts += 1;
