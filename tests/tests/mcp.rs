@@ -961,3 +961,68 @@ async fn a_2025_03_26_session_takes_json_rpc_batches() {
         (400, &json!(-32600))
     );
 }
+
+/// MCP "Cancellation": "Receivers of cancellation notifications SHOULD:
+/// Stop processing the cancelled request … Not send a response for the
+/// cancelled request", and "MAY ignore cancellation notifications if: The
+/// referenced request is unknown". A session's `notifications/cancelled`
+/// cancels the durable call behind its `tools/call` (the tool is told with
+/// `/cancel_tool_call`); references to other requests, other sessions' or
+/// malformed ones change nothing.
+#[tokio::test]
+async fn a_sessions_cancellation_notice_cancels_its_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    let mut raw = Raw::new(&ferry);
+    raw.initialize("2025-11-25").await;
+    let mut other = Raw::new(&ferry);
+    other.initialize("2025-11-25").await;
+    let notify = |params: Value| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+            .to_string()
+            .into_bytes()
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "op", "arguments": {}}});
+    let asked = raw.send(call.to_string().into_bytes(), &[]);
+    let cancelling = async {
+        let sent = tool.next_invocation().await.invocation;
+        let (g, id) = (sent.group_id.clone(), sent.id.clone());
+        let status = || async { api.call(&g, &id).await.1["status"].clone() };
+        assert_eq!(status().await, "dispatched");
+        let sessionless = Raw {
+            session: None,
+            ..Raw::new(&ferry)
+        };
+        for (client, params) in [
+            (&raw, json!({"requestId": "7"})),
+            (&raw, json!({"requestId": 8})),
+            (&raw, json!({"requestId": {"id": 7}})),
+            (&raw, json!({})),
+            (&other, json!({"requestId": 7})),
+            (&sessionless, json!({"requestId": 7})),
+        ] {
+            let answer = client.send(notify(params.clone()), &[]).await;
+            assert_eq!(answer.status, 202, "{params}: {}", answer.body);
+            assert_eq!(status().await, "dispatched", "{params} changed the call");
+        }
+        let answer = raw
+            .send(
+                notify(json!({"requestId": 7, "reason": "the user stopped it"})),
+                &[],
+            )
+            .await;
+        assert_eq!(answer.status, 202, "{}", answer.body);
+        assert_eq!(status().await, "cancelled");
+        let (path, body) = tool.next_notice().await;
+        assert_eq!(
+            (path.as_str(), &body["tool_call_id"]),
+            ("cancel_tool_call", &json!(id))
+        );
+    };
+    let (answer, ()) = tokio::join!(asked, cancelling);
+    // No response for the cancelled request: an empty 202.
+    assert_eq!(answer.status, 202, "{}", answer.body);
+    assert_eq!(answer.body, json!(""));
+}

@@ -76,6 +76,7 @@ pub enum Incoming {
     },
     Notification {
         method: String,
+        params: Map<String, Value>,
     },
     /// A client's answer to a server request; Ferry sends none, so it is
     /// acknowledged and dropped.
@@ -129,7 +130,7 @@ impl Incoming {
             Some(_) => return bad(shown_id, "\"params\" must be an object"),
         };
         match (object.remove("method"), id) {
-            (Some(Value::String(method)), None) => Ok(Incoming::Notification { method }),
+            (Some(Value::String(method)), None) => Ok(Incoming::Notification { method, params }),
             (Some(Value::String(method)), Some(id)) if valid_id => {
                 Ok(Incoming::Request { id, method, params })
             }

@@ -8,6 +8,7 @@
 //! stateless 2026-07-28 (`server/discover`, the `_meta` envelope and the
 //! `Mcp-Method`/`Mcp-Name` headers on every request). See `session`.
 
+mod cancel;
 mod jsonrpc;
 mod security;
 mod session;
@@ -65,6 +66,8 @@ struct Mcp {
     perform: Arc<dyn Perform>,
     config: McpConfig,
     sessions: Sessions,
+    /// Session `tools/call`s a `notifications/cancelled` may still cancel.
+    running: cancel::Running,
 }
 
 /// `POST`, `GET` and `DELETE /mcp`.
@@ -74,6 +77,7 @@ pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: McpConfig)
         perform,
         config,
         sessions: Sessions::default(),
+        running: cancel::Running::default(),
     });
     Router::new()
         .route("/mcp", post(receive).get(no_stream).delete(end_session))
@@ -129,10 +133,8 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
     }
     let (id, method, params) = match incoming {
         Err((id, e)) => return error_reply(&id, &e),
-        Ok(Incoming::Notification { method }) => {
-            // `notifications/initialized`, `notifications/cancelled` (a call
-            // is durable: cancel it with `tasks/cancel` or the native API).
-            tracing::debug!(%method, "MCP notification");
+        Ok(Incoming::Notification { method, params }) => {
+            notified(&mcp, &headers, &method, &params).await;
             return StatusCode::ACCEPTED.into_response();
         }
         Ok(Incoming::Response) => return StatusCode::ACCEPTED.into_response(),
@@ -170,7 +172,7 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         let (tx, rx) = mpsc::channel::<Value>(16);
         tokio::spawn(
             async move {
-                let answer = dispatch(&mcp, &ctx, &method, &params, Some(&tx)).await;
+                let answer = dispatch(&mcp, &ctx, &id, &method, &params, Some(&tx)).await;
                 if let Some(message) = answer_message(&id, &ctx, answer) {
                     let _ = tx.send(message).await;
                 }
@@ -184,7 +186,7 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
             .keep_alive(KeepAlive::default())
             .into_response();
     }
-    let answer = dispatch(&mcp, &ctx, &method, &params, None)
+    let answer = dispatch(&mcp, &ctx, &id, &method, &params, None)
         .instrument(span)
         .await;
     match answer_message(&id, &ctx, answer) {
@@ -233,7 +235,11 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
         async move {
             match Incoming::from_value(message) {
                 Err((id, e)) => Some(jsonrpc::error_response(&id, &e)),
-                Ok(Incoming::Notification { .. } | Incoming::Response) => None,
+                Ok(Incoming::Notification { method, params }) => {
+                    notified(mcp, headers, &method, &params).await;
+                    None
+                }
+                Ok(Incoming::Response) => None,
                 Ok(Incoming::Request { id, method, .. }) if method == "initialize" => {
                     let e = RpcError::new(
                         INVALID_REQUEST,
@@ -243,7 +249,7 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
                 }
                 Ok(Incoming::Request { id, method, params }) => {
                     let span = info_span!("mcp", %method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version, batch = true);
-                    let answer = dispatch(mcp, ctx, &method, &params, None)
+                    let answer = dispatch(mcp, ctx, &id, &method, &params, None)
                         .instrument(span)
                         .await;
                     answer_message(&id, ctx, answer)
@@ -315,10 +321,28 @@ fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
     response
 }
 
-/// Runs one request. `stream` is the SSE channel when the answer streams.
+/// Takes a notification: `notifications/cancelled` in a session cancels
+/// the call it names; the rest (`notifications/initialized`, …) need
+/// nothing.
+async fn notified(mcp: &Mcp, headers: &HeaderMap, method: &str, params: &Map<String, Value>) {
+    tracing::debug!(%method, "MCP notification");
+    if method != "notifications/cancelled" {
+        return;
+    }
+    if let Some(Ok(Context {
+        session: Some(session),
+        ..
+    })) = session::in_session(&mcp.sessions, headers)
+    {
+        mcp.running.cancelled(&*mcp.perform, &session, params).await;
+    }
+}
+
+/// Runs request `id`. `stream` is the SSE channel when the answer streams.
 async fn dispatch(
     mcp: &Mcp,
     ctx: &Context,
+    id: &Value,
     method: &str,
     params: &Map<String, Value>,
     stream: Option<&mpsc::Sender<Value>>,
@@ -345,7 +369,7 @@ async fn dispatch(
             }
             Ok(Some(tools))
         }
-        "tools/call" => call(mcp, ctx, params, stream).await,
+        "tools/call" => call(mcp, ctx, id, params, stream).await,
         "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
         "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
         "tasks/list" if ctx.tasks() => tasks::list(engine, ctx, params).await.map(Some),
@@ -377,6 +401,7 @@ fn long_running(engine: &Engine, name: &str) -> Option<bool> {
 async fn call(
     mcp: &Mcp,
     ctx: &Context,
+    request: &Value,
     params: &Map<String, Value>,
     stream: Option<&mpsc::Sender<Value>>,
 ) -> Result<Option<Value>, RpcError> {
@@ -421,11 +446,20 @@ async fn call(
     if as_task {
         return tasks::created(engine, &accepted).await.map(Some);
     }
+    let tracked = ctx
+        .session
+        .as_deref()
+        .map(|session| mcp.running.track(session, request, &accepted));
     let token = params
         .get("_meta")
         .and_then(|m| m.get("progressToken"))
         .filter(|t| t.is_string() || t.is_number());
     let settled = tools::wait(engine, &accepted, stream, token).await?;
+    if tracked.is_some_and(|t| t.cancelled()) {
+        // "Receivers … SHOULD … not send a response for the cancelled
+        // request."
+        return Ok(None);
+    }
     Ok(settled.map(|call| tools::result(&call, &accepted.group_id)))
 }
 
