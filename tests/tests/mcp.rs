@@ -1026,3 +1026,35 @@ async fn a_sessions_cancellation_notice_cancels_its_call() {
     assert_eq!(answer.status, 202, "{}", answer.body);
     assert_eq!(answer.body, json!(""));
 }
+
+/// MCP's schema has `inputSchema: {type: "object", …}`; RAP allows any
+/// schema object, so a tool taking nothing may say `{}`. Listed without a
+/// `type`, it made the TypeScript SDK refuse the whole `tools/list`: Ferry
+/// lists it with `"type": "object"` (and still validates against the
+/// tool's own schema).
+#[tokio::test]
+async fn every_listed_input_schema_is_an_object_schema() {
+    let tool = TestTool::with_manifest(json!({"name": "plain", "tools": [
+        {"name": "ping", "description": "takes nothing", "inputSchema": {}},
+        {"name": "sum", "description": "adds", "inputSchema":
+            {"properties": {"a": {"type": "number"}}, "required": ["a"]}},
+    ]}))
+    .await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let mut raw = Raw::new(&ferry);
+    raw.initialize("2025-06-18").await;
+    let list = raw.rpc("tools/list", json!({})).await;
+    let tools = list.body["result"]["tools"].as_array().unwrap();
+    for t in tools {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+    }
+    let sum = tools.iter().find(|t| t["name"] == "sum").unwrap();
+    assert_eq!(sum["inputSchema"]["required"], json!(["a"]));
+    let bad = raw
+        .rpc(
+            "tools/call",
+            json!({"name": "sum", "arguments": {"a": "x"}}),
+        )
+        .await;
+    assert_eq!(bad.body["result"]["isError"], true, "{}", bad.body);
+}

@@ -64,7 +64,7 @@ pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
             let mut entry = json!({
                 "name": name,
                 "description": description,
-                "inputSchema": tool.input_schema,
+                "inputSchema": object_schema(&tool.input_schema),
                 "_meta": {"io.ferry/qualified": tool.qualified},
             });
             let a = tool.annotations.clone().unwrap_or_default();
@@ -89,6 +89,20 @@ pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
     }
     tools.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     tools
+}
+
+/// A tool's `inputSchema` as MCP lists it: MCP's schema requires
+/// `"type": "object"`, which a RAP schema may leave out (`{}` for a tool
+/// taking nothing), and clients that check it (the TypeScript SDK) refuse
+/// the whole list over one such tool. Arguments are objects either way.
+fn object_schema(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(object) = schema.as_object_mut() {
+        object
+            .entry("type")
+            .or_insert_with(|| Value::String("object".into()));
+    }
+    schema
 }
 
 /// One page of `tools/list`. The cursor is the last name of the previous
