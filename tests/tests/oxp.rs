@@ -181,6 +181,13 @@ async fn a_gated_call_waits_and_its_call_id_attaches_to_the_same_call() {
     let result = &waiting["response"]["result"];
     assert_eq!(result["success"], false, "{waiting}");
     assert_eq!(result["error"]["can_retry"], true);
+    // Where a developer decides it: the real thread and call, not a
+    // placeholder.
+    let developer = result["error"]["developer_message"].as_str().unwrap();
+    assert!(
+        developer.contains("POST /v1/approvals/oxp-user-ops/drop-1"),
+        "{developer}"
+    );
     let (_, view) = api.call("oxp-user-ops", "drop-1").await;
     assert_eq!(view["status"], "pending_approval", "{view}");
 

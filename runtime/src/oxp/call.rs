@@ -172,7 +172,7 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
         .await
         .map_err(|e| bad("The server could not read the call", e.to_string()))?;
     info!(status = ?call.status, "OXP call answered");
-    Ok(result_of(&call))
+    Ok(result_of(&group_id, &call))
 }
 
 /// Still on its way: the answer would be "retry later".
@@ -218,14 +218,40 @@ fn duration_ms(call: &CallRecord) -> u64 {
     }
 }
 
-/// The `CallToolResponse` for the call as it stands.
-fn result_of(call: &CallRecord) -> Value {
+/// A path segment of the native API: OXP threads are named after their
+/// users, which may be any string.
+fn segment(text: &str) -> String {
+    use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+    // RFC 3986 path-segment characters stay as they are.
+    const SEGMENT: &AsciiSet = &CONTROLS
+        .add(b' ')
+        .add(b'"')
+        .add(b'#')
+        .add(b'%')
+        .add(b'/')
+        .add(b'<')
+        .add(b'>')
+        .add(b'?')
+        .add(b'[')
+        .add(b']')
+        .add(b'\\')
+        .add(b'^')
+        .add(b'`')
+        .add(b'{')
+        .add(b'|')
+        .add(b'}');
+    utf8_percent_encode(text, SEGMENT).to_string()
+}
+
+/// The `CallToolResponse` for the call as it stands in thread `group_id`.
+fn result_of(group_id: &str, call: &CallRecord) -> Value {
     let mut result = json!({"call_id": call.id, "duration": duration_ms(call)});
     let text = call
         .result
         .as_ref()
         .map(|r| r.text.clone())
         .unwrap_or_default();
+    let (g, id) = (segment(group_id), segment(&call.id));
     let error = |message: String, developer: &str, can_retry: bool| {
         let mut e = Map::new();
         e.insert("message".into(), json!(message));
@@ -249,7 +275,8 @@ fn result_of(call: &CallRecord) -> Value {
             let transient = !text.starts_with(REFUSED);
             Err(error(
                 text,
-                "Ferry could not get the call to the tool",
+                "Ferry could not get the call to the tool; the call stays failed under its \
+                 call_id, so a retry needs a new call_id",
                 transient,
             ))
         }
@@ -277,7 +304,7 @@ fn result_of(call: &CallRecord) -> Value {
             let choices = choice.map(|c| c.choices.join(", ")).unwrap_or_default();
             let mut e = error(
                 format!("The tool asks the user: {prompt} ({choices}); retry with the same call_id once answered"),
-                "answer with POST /v1/threads/{group_id}/calls/{id}/choice",
+                &format!("answer with POST /v1/threads/{g}/calls/{id}/choice"),
                 true,
             );
             e["additional_prompt_content"] = json!(format!("{prompt} Choices: {choices}"));
@@ -285,7 +312,7 @@ fn result_of(call: &CallRecord) -> Value {
         }
         CallStatus::PendingApproval => Err(error(
             "The call waits for a reviewer's approval; retry with the same call_id".into(),
-            "gated tool: decide it in /ui, POST /v1/approvals/{group_id}/{id}, or over ACP",
+            &format!("gated tool: decide it in /ui, POST /v1/approvals/{g}/{id}, or over ACP"),
             true,
         )),
         CallStatus::Queued | CallStatus::Dispatched => {
@@ -336,4 +363,16 @@ fn value_of(call: &CallRecord) -> Value {
         v["display_as"] = json!(d);
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segment;
+
+    #[test]
+    fn a_path_segment_escapes_what_would_change_the_path() {
+        assert_eq!(segment("oxp-user-ops"), "oxp-user-ops");
+        assert_eq!(segment("a/b c?d#e%f"), "a%2Fb%20c%3Fd%23e%25f");
+        assert_eq!(segment("ü"), "%C3%BC");
+    }
 }
