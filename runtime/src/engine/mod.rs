@@ -34,7 +34,7 @@ use crate::toolsets::{ArgumentErrors, Registry};
 use turns::{Turn, Turns};
 
 pub use approvals::TIMEOUT_REVIEWER;
-pub use toolsets::RegisteredToolset;
+pub use toolsets::{RegisteredToolset, ToolView};
 
 /// Whether [`Engine::execute_with`] waits for the flush before returning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,10 +8,12 @@
 //! appended, so two names never merge silently (`my-tools` →
 //! `my_tools_<hash>`, distinct from a toolset really named `my_tools`).
 //! Should two tools still map to one id, neither is served under it and a
-//! warning is logged. Versions with pre-release or build parts cannot be
+//! warning is logged. A tool's OXP `name` is `Toolkit_Tool`; where two
+//! tools would share one (`a_b.echo` and `a.b_echo`), each gets its id's
+//! hash appended, so a model never sees two functions of one name. Versions with pre-release or build parts cannot be
 //! written in an OXP id and are not served over OXP.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use semver::Version;
 use sha2::{Digest, Sha256};
@@ -56,6 +58,14 @@ fn oxp_name(toolkit: &str, tool: &str) -> String {
         return name;
     }
     format!("{}_{}", &name[..MAX_NAME - 9], short_hash(&name))
+}
+
+/// The `name` of tool `key` when another tool's would be the same: its
+/// id's hash appended.
+fn distinct_name(name: &str, (toolkit, tool): &(String, String)) -> String {
+    let hash = short_hash(&format!("{toolkit}.{tool}"));
+    let keep = name.len().min(MAX_NAME - 9);
+    format!("{}_{hash}", &name[..keep])
 }
 
 /// One servable tool version.
@@ -138,6 +148,19 @@ impl Index {
             }
         }
         index.tools.retain(|_, versions| !versions.is_empty());
+        let mut named: HashMap<String, usize> = HashMap::new();
+        for versions in index.tools.values() {
+            for name in versions.values().map(|t| &t.name).collect::<HashSet<_>>() {
+                *named.entry(name.clone()).or_default() += 1;
+            }
+        }
+        for (key, versions) in &mut index.tools {
+            for tool in versions.values_mut() {
+                if named[&tool.name] > 1 {
+                    tool.name = distinct_name(&tool.name, key);
+                }
+            }
+        }
         index
     }
 
@@ -205,6 +228,48 @@ mod tests {
         assert_ne!(dashed, oxp_part("my_tools"));
         assert_ne!(oxp_part("a.b"), oxp_part("a-b"));
         assert!(oxp_name(&"x".repeat(60), &"y".repeat(60)).len() <= MAX_NAME);
+    }
+
+    fn toolset(name: &str, tool: &str) -> RegisteredToolset {
+        RegisteredToolset {
+            name: name.into(),
+            version: Version::new(1, 0, 0),
+            url: String::new(),
+            endpoint: String::new(),
+            description: None,
+            registered_at: String::new(),
+            policy: Default::default(),
+            tools: vec![crate::engine::ToolView {
+                name: tool.into(),
+                qualified: format!("{name}.{tool}@1.0.0"),
+                description: String::new(),
+                input_schema: serde_json::json!({}),
+                annotations: None,
+                approval: crate::toolsets::ApprovalMode::Auto,
+            }],
+            available: vec![],
+            unavailable: vec![],
+        }
+    }
+
+    #[test]
+    fn two_tools_never_share_a_name() {
+        let index = Index::build(&[
+            toolset("a_b", "echo"),
+            toolset("a", "b_echo"),
+            toolset("c", "d"),
+        ]);
+        let mut names: Vec<&str> = index.all().map(|t| t.name.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names.contains(&"c_d"), "{names:?}");
+        for tool in index.all().filter(|t| t.name != "c_d") {
+            assert!(tool.name.starts_with("a_b_echo_"), "{}", tool.name);
+            assert!(tool.name.len() <= MAX_NAME && fits(&tool.name));
+        }
+        assert_eq!(index.resolve("a_b.echo").unwrap().toolset, "a_b");
+        assert_eq!(index.resolve("a.b_echo").unwrap().toolset, "a");
     }
 
     #[test]
