@@ -383,8 +383,14 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     let mut both = selected(&json!("ferry-permission:drop-3"), "allow_once");
     both["error"] = json!({"code": 1, "message": "could not ask"});
     let both = both.to_string();
-    let cases: [(&str, u16, i64); 7] = [
+    // JSON-RPC 2.0: an id is a string, a number or null, and a response
+    // has exactly one of result and error.
+    let object_id = json!({"jsonrpc": "2.0", "id": {"x": 1}, "result": {}}).to_string();
+    let neither = json!({"jsonrpc": "2.0", "id": "ferry-permission:drop-3"}).to_string();
+    let cases: [(&str, u16, i64); 9] = [
         (&both, 400, -32600),
+        (&object_id, 400, -32600),
+        (&neither, 400, -32600),
         (&unknown, 404, -32602),
         (&foreign, 404, -32602),
         (&wrong_option, 422, -32602),
@@ -399,6 +405,9 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
         assert_eq!(answer["jsonrpc"], "2.0");
         assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
         assert!(answer["error"]["message"].is_string());
+        if body == object_id {
+            assert_eq!(answer["id"], Value::Null, "{answer}");
+        }
     }
     assert_eq!(last_seq().await, before);
     let (_, call) = api.call("g-bad", "drop-3").await;

@@ -1158,6 +1158,41 @@ async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
     answering.abort();
 }
 
+/// An ACP permission answer goes through the node's relay like a native
+/// one: with NATS down it is journaled (202) rather than refused, and once
+/// NATS is back a worker applies it and the gated call runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acp_answer_taken_while_nats_is_down_is_applied_once_it_is_back() {
+    let mut nats = Nats::start().await;
+    let tool = Arc::new(
+        TestTool::with_manifest(json!({"name": "t", "tools": [{
+            "name": "op", "description": "destructive: gated",
+            "inputSchema": ferry_tests::tool::text_schema(),
+            "annotations": {"destructive": true},
+        }]}))
+        .await,
+    );
+    let a = node_with(&nats, &tool, &[]).await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let api = a.api();
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g-acp", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    api.wait_for("g-acp", "c", "approval_requested").await;
+
+    nats.kill9();
+    let answer = json!({"jsonrpc": "2.0", "id": "ferry-permission:c",
+                        "result": {"outcome": {"outcome": "selected", "optionId": "allow_once"}}});
+    let (status, body) = api.post("/v1/threads/g-acp/acp", &answer).await;
+    assert_eq!(status, 202, "{body}");
+    nats.restart().await;
+    let sent = tool.next_invocation().await.invocation;
+    assert_eq!((sent.group_id.as_str(), sent.id.as_str()), ("g-acp", "c"));
+    let decided = api.wait_for("g-acp", "c", "approval_decided").await;
+    assert_eq!(decided["payload"]["reviewer"], "acp", "{decided}");
+}
+
 /// Registers the toolset at `url` (named `name`) on node `a` and waits
 /// until node `b` serves it too.
 async fn registered_on_both(a: &Api, b: &Api, url: &str, name: &str) {

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tracing::info;
 
 use super::messages::PERMISSION_PREFIX;
+use crate::engine::requests::Request as EngineRequest;
 use crate::engine::Error;
 use crate::http::path::Path;
 use crate::http::AppState;
@@ -86,7 +87,17 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             "Invalid Request: expected one JSON-RPC response object",
         ));
     };
-    let id = object.get("id").cloned().unwrap_or(Value::Null);
+    // JSON-RPC 2.0: an id is a string or a number (the id of an Invalid
+    // Request error is null when it cannot be read).
+    let id = match object.get("id") {
+        Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+        _ => {
+            return Err(bad(
+                &null,
+                "Invalid Request: \"id\" must be a string or a number",
+            ))
+        }
+    };
     if object.get("jsonrpc") != Some(&json!("2.0")) {
         return Err(bad(&id, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
     }
@@ -102,18 +113,26 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
         .as_str()
         .and_then(|s| s.strip_prefix(PERMISSION_PREFIX))
         .ok_or_else(|| unknown(&id))?;
-    let call = match app.engine.call(&group_id, call_id).await {
-        Ok(call) => call,
-        Err(Error::NotFound(_)) => return Err(unknown(&id)),
+    let asked = match app.engine.call(&group_id, call_id).await {
+        Ok(call) => {
+            call.status == CallStatus::PendingApproval
+                || call.approval_deadline.is_some()
+                || call.approval.is_some()
+        }
+        Err(Error::NotFound(_)) => false,
+        // A cluster node cut off from NATS cannot read the call: the answer
+        // is journaled like a native one, and the worker's state machine
+        // takes it or refuses it.
+        Err(Error::Store(crate::store::Error::Unavailable(_))) => true,
         Err(e) => return Err(engine_error(&id, e)),
     };
-    let asked = call.status == CallStatus::PendingApproval
-        || call.approval_deadline.is_some()
-        || call.approval.is_some();
     if !asked {
         // Ferry never asked permission for this call. One it asked and
         // that was decided since is answered 409 below, as natively.
         return Err(unknown(&id));
+    }
+    if !object.contains_key("error") && !object.contains_key("result") {
+        return Err(bad(&id, "Invalid Request: a response has result or error"));
     }
     if object.contains_key("error") && object.contains_key("result") {
         return Err(rpc(
@@ -143,28 +162,24 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
                 "Invalid params: a RequestPermissionResponse has result.outcome",
             )
         })?;
-    let engine = app.engine.clone();
-    let (g, c) = (group_id.clone(), call_id.to_owned());
-    match (
+    // Through `perform`, like the native API: run to its end even if the
+    // client goes away, and journaled by a cluster node.
+    let (group_id, call_id) = (group_id.clone(), call_id.to_owned());
+    let request = match (
         outcome.get("outcome").and_then(Value::as_str),
         outcome.get("optionId").and_then(Value::as_str),
     ) {
-        (Some("selected"), Some(option)) => {
-            let option = option.to_owned();
-            detached(async move {
-                engine
-                    .decide_approval(&g, &c, &option, ACP_REVIEWER, None)
-                    .await
-                    .map(|_| ())
-            })
-            .await
-            .map_err(|e| engine_error(&id, e))?;
-        }
-        (Some("cancelled"), _) => {
-            detached(async move { engine.withdraw(&g, &c).await.map(|_| ()) })
-                .await
-                .map_err(|e| engine_error(&id, e))?;
-        }
+        (Some("selected"), Some(option)) => EngineRequest::Decide {
+            group_id: group_id.clone(),
+            id: call_id.clone(),
+            option_id: option.to_owned(),
+            reviewer: ACP_REVIEWER.to_owned(),
+            reason: None,
+        },
+        (Some("cancelled"), _) => EngineRequest::Withdraw {
+            group_id: group_id.clone(),
+            id: call_id.clone(),
+        },
         _ => {
             return Err(rpc(
                 StatusCode::BAD_REQUEST,
@@ -173,21 +188,10 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
                 "Invalid params: outcome must be {\"outcome\": \"selected\", \"optionId\": …} or {\"outcome\": \"cancelled\"}",
             ))
         }
-    }
+    };
+    app.perform(request).await.map_err(|e| api_error(&id, e))?;
     info!(group_id, call_id, outcome = %outcome, "ACP permission response taken");
     Ok(())
-}
-
-/// Runs an engine command to its end even if the client goes away.
-async fn detached<F>(command: F) -> Result<(), Error>
-where
-    F: std::future::Future<Output = Result<(), Error>> + Send + 'static,
-{
-    tokio::spawn(command).await.unwrap_or_else(|e| {
-        Err(Error::InvalidRequest(format!(
-            "the command did not complete: {e}"
-        )))
-    })
 }
 
 fn unknown(id: &Value) -> RpcError {
@@ -200,7 +204,10 @@ fn unknown(id: &Value) -> RpcError {
 }
 
 fn engine_error(id: &Value, e: Error) -> RpcError {
-    let api = crate::http::ApiError::from(e);
+    api_error(id, crate::http::ApiError::from(e))
+}
+
+fn api_error(id: &Value, api: crate::http::ApiError) -> RpcError {
     let code = if api.status.is_server_error() {
         INTERNAL_ERROR
     } else {

@@ -59,6 +59,12 @@ pub enum Request {
         reviewer: String,
         reason: Option<String>,
     },
+    /// The call's requester takes back a call still waiting for approval
+    /// (an ACP client's `cancelled` outcome).
+    Withdraw {
+        group_id: String,
+        id: String,
+    },
     RevokeGrant {
         group_id: String,
         tool: String,
@@ -131,6 +137,7 @@ impl Request {
             | Request::Close { group_id }
             | Request::Choose { group_id, .. }
             | Request::Decide { group_id, .. }
+            | Request::Withdraw { group_id, .. }
             | Request::RevokeGrant { group_id, .. } => Some(group_id),
         }
     }
@@ -158,6 +165,7 @@ impl Engine {
                 answered(self.result_refused(&token, limit).await?)
             }
             Request::CancelCall { group_id, id } => call(self.cancel_call(&group_id, &id).await?),
+            Request::Withdraw { group_id, id } => call(self.withdraw(&group_id, &id).await?),
             Request::CancelSubscription { group_id, id } => {
                 call(self.cancel_subscription(&group_id, &id).await?)
             }
@@ -218,7 +226,8 @@ impl Engine {
             Request::CancelCall { group_id, id }
             | Request::CancelSubscription { group_id, id }
             | Request::Choose { group_id, id, .. }
-            | Request::Decide { group_id, id, .. } => {
+            | Request::Decide { group_id, id, .. }
+            | Request::Withdraw { group_id, id } => {
                 self.check_id("group_id", group_id)?;
                 self.check_id("id", id)
             }

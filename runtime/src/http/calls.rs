@@ -76,7 +76,8 @@ fn request_call_id(request: &Request) -> Option<String> {
         Request::CancelCall { id, .. }
         | Request::CancelSubscription { id, .. }
         | Request::Choose { id, .. }
-        | Request::Decide { id, .. } => Some(id.clone()),
+        | Request::Decide { id, .. }
+        | Request::Withdraw { id, .. } => Some(id.clone()),
         _ => None,
     }
 }

@@ -373,7 +373,9 @@ async fn dispatch(
         "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
         "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
         "tasks/list" if ctx.tasks() => tasks::list(engine, ctx, params).await.map(Some),
-        "tasks/cancel" if ctx.tasks() => tasks::cancel(engine, params).await.map(Some),
+        "tasks/cancel" if ctx.tasks() => {
+            tasks::cancel(engine, &*mcp.perform, params).await.map(Some)
+        }
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("Method not found: {other}"),

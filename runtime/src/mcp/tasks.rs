@@ -10,7 +10,7 @@ use super::jsonrpc::RpcError;
 use super::session::Context;
 use super::tools::{self, Accepted};
 use crate::engine::{Engine, Error};
-use crate::thread::{CallRecord, Rejection};
+use crate::thread::CallRecord;
 
 /// Call ids of task-augmented calls start with this: `tasks/list` shows them.
 pub const CALL_PREFIX: &str = "mcp-task-";
@@ -137,8 +137,11 @@ pub async fn list(
 }
 
 /// `tasks/cancel`: cancels the durable call (Ferry tells the tool).
+/// `tasks/cancel`: cancels the call through `perform` (a cluster node
+/// journals it like a native `DELETE`).
 pub async fn cancel(
     engine: &std::sync::Arc<Engine>,
+    perform: &dyn crate::http::Perform,
     params: &Map<String, Value>,
 ) -> Result<Value, RpcError> {
     let task = parse_task_id(params)?;
@@ -151,15 +154,18 @@ pub async fn cancel(
                 .unwrap_or("finished")
         )));
     }
-    let (e, g, id) = (engine.clone(), task.group_id.clone(), task.id.clone());
-    let cancelled = tokio::spawn(async move { e.cancel_call(&g, &id).await })
-        .await
-        .map_err(|e| RpcError::internal(e.to_string()))?;
-    match cancelled {
-        Ok(call) => Ok(view(&task.group_id, &call)),
-        Err(Error::Rejected(r @ (Rejection::Finished { .. } | Rejection::SubscriptionGone(_)))) => {
-            Err(RpcError::invalid_params(format!("Cannot cancel task: {r}")))
-        }
-        Err(e) => Err(RpcError::internal(e.to_string())),
+    let request = crate::engine::requests::Request::CancelCall {
+        group_id: task.group_id.clone(),
+        id: task.id.clone(),
+    };
+    match perform.perform(request).await {
+        Ok(crate::engine::requests::Reply::Call { call }) => Ok(view(&task.group_id, &call)),
+        // Journaled by a cluster node: the task as it stands until applied.
+        Ok(_) => Ok(view(&task.group_id, &load(engine, &task).await?)),
+        Err(e) if e.status.is_client_error() => Err(RpcError::invalid_params(format!(
+            "Cannot cancel task: {}",
+            e.body.error.message
+        ))),
+        Err(e) => Err(RpcError::internal(e.body.error.message)),
     }
 }
