@@ -109,6 +109,9 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             "Method not found: this endpoint takes responses to Ferry's requests only",
         ));
     }
+    if !object.contains_key("error") && !object.contains_key("result") {
+        return Err(bad(&id, "Invalid Request: a response has result or error"));
+    }
     let call_id = id
         .as_str()
         .and_then(|s| s.strip_prefix(PERMISSION_PREFIX))
@@ -130,9 +133,6 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
         // Ferry never asked permission for this call. One it asked and
         // that was decided since is answered 409 below, as natively.
         return Err(unknown(&id));
-    }
-    if !object.contains_key("error") && !object.contains_key("result") {
-        return Err(bad(&id, "Invalid Request: a response has result or error"));
     }
     if object.contains_key("error") && object.contains_key("result") {
         return Err(rpc(
