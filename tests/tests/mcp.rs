@@ -990,6 +990,8 @@ async fn a_sessions_cancellation_notice_cancels_its_call() {
         let sent = tool.next_invocation().await.invocation;
         let (g, id) = (sent.group_id.clone(), sent.id.clone());
         let status = || async { api.call(&g, &id).await.1["status"].clone() };
+        // The tool has it; its 200 is recorded a moment later.
+        api.wait_for(&g, &id, "call_dispatched").await;
         assert_eq!(status().await, "dispatched");
         let sessionless = Raw {
             session: None,
