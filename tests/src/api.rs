@@ -103,6 +103,15 @@ impl Api {
         body["events"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The types of the thread's events, in order.
+    pub async fn types(&self, group_id: &str) -> Vec<String> {
+        self.events(group_id, 0)
+            .await
+            .iter()
+            .map(|e| e["type"].as_str().expect("a type").to_owned())
+            .collect()
+    }
+
     /// Long-polls the thread until an event matching `pred` appears (after
     /// `after`), and returns it. Panics after 20 s.
     pub async fn wait_event(

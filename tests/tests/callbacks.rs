@@ -49,14 +49,6 @@ fn event(g: &str, id: &str, text: &str, last: bool) -> Value {
     json!({"type": "subscription_event", "group_id": g, "tool_call_id": id, "text": text, "final": last})
 }
 
-async fn types(api: &Api, g: &str) -> Vec<String> {
-    api.events(g, 0)
-        .await
-        .iter()
-        .map(|e| e["type"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 #[tokio::test]
 async fn ten_identical_results_posted_at_once_make_one_event() {
     let s = Setup::new().await;
@@ -465,7 +457,7 @@ async fn oauth_user_choice_and_view_update_are_recorded() {
     let (_, call) = api.call("g", "c").await;
     assert_eq!(call["status"], "completed");
     assert!(call.get("auth_url").is_none() && call.get("choice").is_none());
-    let kinds = types(&api, "g").await;
+    let kinds = api.types("g").await;
     for kind in ["oauth", "user_choice", "tool_result"] {
         assert_eq!(
             kinds.iter().filter(|k| *k == kind).count(),
@@ -550,7 +542,7 @@ async fn a_subscription_past_the_threads_bound_is_cancelled_at_once() {
         (call["status"].as_str(), call["result"]["text"].as_str()),
         (Some("cancelled"), Some("watching"))
     );
-    let last: Vec<String> = types(&api, "g").await.into_iter().rev().take(2).collect();
+    let last: Vec<String> = api.types("g").await.into_iter().rev().take(2).collect();
     assert_eq!(last, ["subscription_cancelled", "tool_result"]);
     let (status, _) = api.post(&url, &event("g", "over", "tick", false)).await;
     assert_eq!(status, 410);

@@ -69,13 +69,7 @@ async fn a_4xx_is_never_retried_and_fails_the_call() {
     // `call_dispatched` means the tool acknowledged the call with a 200;
     // a refused call has none (a review found one before its failure). The
     // attempts ride on the failure.
-    let types: Vec<_> = api
-        .events("g", 0)
-        .await
-        .iter()
-        .map(|e| e["type"].clone())
-        .collect();
-    assert_eq!(types, [json!("call_accepted"), json!("tool_result")]);
+    assert_eq!(api.types("g").await, ["call_accepted", "tool_result"]);
     assert_eq!(result["payload"]["attempts"], 1, "{result}");
 }
 

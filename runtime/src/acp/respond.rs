@@ -164,21 +164,20 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
         })?;
     // Through `perform`, like the native API: run to its end even if the
     // client goes away, and journaled by a cluster node.
-    let (group_id, call_id) = (group_id.clone(), call_id.to_owned());
     let request = match (
         outcome.get("outcome").and_then(Value::as_str),
         outcome.get("optionId").and_then(Value::as_str),
     ) {
         (Some("selected"), Some(option)) => EngineRequest::Decide {
             group_id: group_id.clone(),
-            id: call_id.clone(),
+            id: call_id.to_owned(),
             option_id: option.to_owned(),
             reviewer: ACP_REVIEWER.to_owned(),
             reason: None,
         },
         (Some("cancelled"), _) => EngineRequest::Withdraw {
             group_id: group_id.clone(),
-            id: call_id.clone(),
+            id: call_id.to_owned(),
         },
         _ => {
             return Err(rpc(

@@ -247,19 +247,21 @@ impl Engine {
     /// permission prompt). One decided meanwhile is refused (409), in the
     /// same decision, so a racing approval and cancel yield one outcome.
     pub async fn withdraw(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        let executed = self
-            .execute(group_id, Command::Withdraw { id: id.into() })
-            .await?;
-        self.call_cancelled(group_id, id);
-        Ok(executed.state.calls[id].clone())
+        self.end(group_id, id, Command::Withdraw { id: id.into() })
+            .await
     }
 
     /// Cancels an active subscription of this thread.
     #[instrument(skip(self))]
     pub async fn cancel_subscription(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        let executed = self
-            .execute(group_id, Command::CancelSubscription { id: id.into() })
-            .await?;
+        self.end(group_id, id, Command::CancelSubscription { id: id.into() })
+            .await
+    }
+
+    /// Runs `command`, which cancels call `id` or refuses, and ends what
+    /// the call still had here.
+    async fn end(&self, group_id: &str, id: &str, command: Command) -> Result<CallRecord, Error> {
+        let executed = self.execute(group_id, command).await?;
         self.call_cancelled(group_id, id);
         Ok(executed.state.calls[id].clone())
     }

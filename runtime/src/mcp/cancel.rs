@@ -27,13 +27,10 @@ impl Running {
     /// returned guard is dropped.
     pub fn track(&self, session: &str, id: &Value, call: &Accepted) -> Tracked {
         let key = (session.to_owned(), id.to_string());
-        self.0.lock().expect("running lock").insert(
-            key.clone(),
-            Accepted {
-                group_id: call.group_id.clone(),
-                id: call.id.clone(),
-            },
-        );
+        self.0
+            .lock()
+            .expect("running lock")
+            .insert(key.clone(), call.clone());
         Tracked {
             running: self.0.clone(),
             key,

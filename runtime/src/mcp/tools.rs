@@ -203,6 +203,7 @@ fn named_thread(id: &str) -> String {
 }
 
 /// A call Ferry accepted for an MCP request.
+#[derive(Clone)]
 pub struct Accepted {
     pub group_id: String,
     pub id: String,
