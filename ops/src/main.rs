@@ -361,11 +361,12 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         mcp: args.fronts.mcp(args.max_body_bytes),
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
-    // One line on stdout for scripts and tests: where Ferry listens.
-    println!("ferry listening on http://{}", running.addr);
+    // Lines on stdout for scripts and tests: where the demo tool and Ferry
+    // listen, Ferry's last (readers stop at it).
     if let Some(demo) = &running.demo_url {
         println!("demo tool listening on {demo}");
     }
+    println!("ferry listening on http://{}", running.addr);
     server.await??;
     Ok(())
 }

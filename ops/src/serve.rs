@@ -16,7 +16,7 @@ use ferry_runtime::{Config, Engine};
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use futures::FutureExt;
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Everything `ferry serve` is told.
 #[derive(Debug, Clone)]
@@ -94,6 +94,32 @@ pub(crate) fn secret(data: &Path, given: Option<&str>) -> anyhow::Result<Vec<u8>
     Ok(fresh.to_vec())
 }
 
+/// The demo tool's listener, on the port it had before (kept in the data
+/// dir): the calls it held when Ferry died point at that port, and only
+/// there can recovery's `/tool_call_status` reach the demo tool again and
+/// hear that they are lost. On a new port they would wait forever.
+async fn demo_listener(data: &Path) -> anyhow::Result<TcpListener> {
+    let path = data.join("demo-tool.port");
+    let before = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|port| port.trim().parse::<u16>().ok());
+    if let Some(port) = before {
+        match TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => warn!(
+                port,
+                error = %e,
+                "the demo tool's port is taken: it gets a new one, and calls it held are \
+                 not asked about"
+            ),
+        }
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    std::fs::write(&path, listener.local_addr()?.port().to_string())
+        .context("keeping the demo tool's port")?;
+    Ok(listener)
+}
+
 /// The client for tools: dispatch, notifications, discovery.
 pub(crate) fn http_client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
@@ -160,7 +186,7 @@ pub async fn start(
     info!(toolsets = loaded.len(), "toolsets loaded");
 
     let demo_url = if options.demo {
-        let demo = TcpListener::bind("127.0.0.1:0").await?;
+        let demo = demo_listener(&options.data).await?;
         let url = format!("http://{}", demo.local_addr()?);
         tokio::spawn(crate::demo_tool::DemoTool::serve(demo));
         Some(url)
@@ -235,4 +261,39 @@ pub(crate) fn protocol_fronts(
     }
     ferry_runtime::oxp::router(engine.clone(), perform.clone(), oxp)
         .merge(ferry_runtime::mcp::router(engine.clone(), perform, mcp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept_port(data: &Path) -> String {
+        std::fs::read_to_string(data.join("demo-tool.port")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_demo_tool_keeps_its_port_and_moves_only_when_it_must() {
+        let data = tempfile::tempdir().unwrap();
+        let first = demo_listener(data.path()).await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        assert_eq!(kept_port(data.path()), port.to_string());
+
+        // Taken (here, by the first listener still open): a new port, kept.
+        let second = demo_listener(data.path()).await.unwrap();
+        let moved = second.local_addr().unwrap().port();
+        assert_ne!(moved, port);
+        assert_eq!(kept_port(data.path()), moved.to_string());
+
+        // Free again: the kept one.
+        drop(second);
+        let again = demo_listener(data.path()).await.unwrap();
+        assert_eq!(again.local_addr().unwrap().port(), moved);
+        drop(again);
+
+        // An unreadable file: a new port, which replaces it.
+        std::fs::write(data.path().join("demo-tool.port"), "not a port").unwrap();
+        let fresh = demo_listener(data.path()).await.unwrap();
+        let fresh_port = fresh.local_addr().unwrap().port();
+        assert_eq!(kept_port(data.path()), fresh_port.to_string());
+    }
 }

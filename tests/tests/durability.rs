@@ -263,3 +263,28 @@ async fn a_call_whose_event_came_before_its_ack_is_asked_about_after_kill_9() {
     assert_eq!(api.call("g", "c").await.1["status"], "failed");
     assert_eq!(tool.invocations().len(), 1, "not dispatched again");
 }
+
+/// `ferry serve --demo` keeps its demo tool on the same port across a
+/// restart, so a call the demo tool held when Ferry was killed is asked
+/// about on recovery and fails as RAP says, instead of waiting forever on
+/// a port nobody listens on.
+#[tokio::test]
+async fn a_demo_call_in_hand_at_kill_9_is_reported_lost_after_restart() {
+    let mut ferry = Ferry::with_demo().await;
+    let demo_url = ferry.demo_url.clone().expect("the demo tool's address");
+    let api = ferry.api();
+    let (status, _) = api
+        .submit(json!({"operation": "sleep", "arguments": {"seconds": 600}, "group_id": "g", "id": "nap"}))
+        .await;
+    assert_eq!(status, 202);
+    api.wait_for("g", "nap", "call_dispatched").await;
+
+    ferry.restart().await;
+    assert_eq!(ferry.demo_url.as_deref(), Some(demo_url.as_str()));
+    let failure = ferry.api().wait_for("g", "nap", "tool_result").await;
+    assert_eq!(
+        failure["payload"]["text"],
+        "Error: the tool server is no longer processing this call"
+    );
+    assert_eq!(failure["payload"]["origin"], "ferry");
+}
