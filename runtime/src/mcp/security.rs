@@ -6,8 +6,18 @@ use axum::http::{header, HeaderMap};
 use super::jsonrpc::{RpcError, INVALID_REQUEST};
 use super::McpConfig;
 
-/// Hosts every loopback server answers to, with or without a port.
-const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+/// Whether a host name (IPv6 literals in brackets) is this machine:
+/// `localhost` in any case, or a loopback address in any spelling.
+fn is_loopback(name: &str) -> bool {
+    let address = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost")
+        || address
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 /// The host part of `host[:port]` (IPv6 literals keep their brackets).
 fn host_name(authority: &str) -> &str {
@@ -21,7 +31,7 @@ fn host_name(authority: &str) -> &str {
 
 fn allowed_host(config: &McpConfig, host: &str) -> bool {
     let name = host_name(host);
-    LOOPBACK.contains(&name)
+    is_loopback(name)
         || config
             .allowed_hosts
             .iter()
@@ -42,12 +52,12 @@ fn allowed_origin(config: &McpConfig, origin: &str) -> bool {
     let Ok(url) = url::Url::parse(origin) else {
         return false;
     };
-    let host = match url.host() {
-        Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
-        Some(h) => h.to_string(),
-        None => return false,
-    };
-    LOOPBACK.contains(&host.as_str())
+    match url.host() {
+        Some(url::Host::Domain(d)) => is_loopback(d),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 /// Refuses a request from a foreign `Host` or `Origin` (403), or without
@@ -146,6 +156,23 @@ mod tests {
             &headers("ferry.internal:443", Some("https://app.example.com"))
         )
         .is_ok());
+        // Any case of `localhost`, any spelling of a loopback address.
+        for host in ["LocalHost:8080", "LOCALHOST", "127.0.0.2", "[0:0::1]:80"] {
+            assert!(check(&config, &headers(host, None)).is_ok(), "{host}");
+        }
+        for origin in [
+            "http://LOCALHOST:3000",
+            "http://127.1.2.3",
+            "http://[0::1]:80",
+        ] {
+            let h = headers("localhost", Some(origin));
+            assert!(check(&config, &h).is_ok(), "{origin}");
+        }
+        // Near misses stay foreign.
+        for host in ["localhost.evil.com", "128.0.0.1", "[::2]", "localhost."] {
+            let refused = check(&config, &headers(host, None)).unwrap_err();
+            assert_eq!(refused.http_status, 403, "{host}");
+        }
         // An IPv6 literal without its closing bracket: refused, no panic.
         for odd in ["[", "[::1", "[::1:8080"] {
             let refused = check(&config, &headers(odd, None)).unwrap_err();
