@@ -2,11 +2,12 @@
 //! `initialize` handshake (2025 revisions, `Mcp-Session-Id`), or the
 //! stateless 2026-07-28 envelope carried by each request's `_meta`.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
+use lru::LruCache;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{
@@ -71,40 +72,62 @@ impl Context {
 /// its client gets 404 and initializes again.
 const IDLE: Duration = Duration::from_secs(24 * 3600);
 
+/// Sessions kept at most. Past it, opening one forgets the least recently
+/// used, whose client gets 404 and initializes again as the spec tells it
+/// to: a flood of `initialize` costs bounded memory and constant time.
+const MAX_SESSIONS: usize = 10_000;
+
 /// Live sessions, in memory: after a restart a client's session id is
 /// answered 404 and the client initializes again (the thread a session
 /// used stays readable under its id).
-#[derive(Default)]
 pub struct Sessions {
-    /// Session id → (revision, last use).
-    live: Mutex<HashMap<String, (String, Instant)>>,
+    /// Session id → (revision, last use), least recently used first out.
+    live: Mutex<LruCache<String, (String, Instant)>>,
+    idle: Duration,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self::with_limits(MAX_SESSIONS, IDLE)
+    }
 }
 
 impl Sessions {
+    fn with_limits(max: usize, idle: Duration) -> Self {
+        let max = NonZeroUsize::new(max.max(1)).expect("not zero");
+        Self {
+            live: Mutex::new(LruCache::new(max)),
+            idle,
+        }
+    }
+
     /// Opens a session under `version`; its id is also its thread's
-    /// `group_id`. Forgets idle sessions on the way.
+    /// `group_id`.
     pub fn open(&self, version: &str) -> String {
         let id = format!("mcp-{}", uuid::Uuid::new_v4().simple());
-        let now = Instant::now();
-        let mut live = self.lock();
-        live.retain(|_, (_, used)| now.duration_since(*used) < IDLE);
-        live.insert(id.clone(), (version.to_owned(), now));
+        self.lock()
+            .put(id.clone(), (version.to_owned(), Instant::now()));
         id
     }
 
     pub fn close(&self, id: &str) -> bool {
-        self.lock().remove(id).is_some()
+        self.lock().pop(id).is_some()
     }
 
-    /// The session's revision, marking it used.
+    /// The session's revision, marking it used; `None` for one unknown,
+    /// closed, pushed out or idle too long.
     pub fn version(&self, id: &str) -> Option<String> {
         let mut live = self.lock();
         let (version, used) = live.get_mut(id)?;
+        if used.elapsed() >= self.idle {
+            live.pop(id);
+            return None;
+        }
         *used = Instant::now();
         Some(version.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, (String, Instant)>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -244,6 +267,28 @@ fn decode_header_value(value: &str) -> Option<String> {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn sessions_past_the_limit_push_out_the_least_recently_used() {
+        let sessions = Sessions::with_limits(2, IDLE);
+        let (a, b) = (sessions.open("2025-11-25"), sessions.open("2025-06-18"));
+        assert_eq!(sessions.version(&a).as_deref(), Some("2025-11-25"));
+        let c = sessions.open("2025-03-26");
+        assert_eq!(sessions.version(&b), None, "b was used least recently");
+        assert_eq!(sessions.version(&a).as_deref(), Some("2025-11-25"));
+        assert_eq!(sessions.version(&c).as_deref(), Some("2025-03-26"));
+        assert!(sessions.close(&c));
+        assert!(!sessions.close(&c));
+        assert_eq!(sessions.version(&c), None);
+    }
+
+    #[test]
+    fn an_idle_session_is_forgotten() {
+        let sessions = Sessions::with_limits(2, Duration::ZERO);
+        let a = sessions.open("2025-11-25");
+        assert_eq!(sessions.version(&a), None);
+        assert!(!sessions.close(&a), "forgotten, not only refused");
+    }
 
     #[test]
     fn initialize_negotiates_down_to_known_revisions() {
