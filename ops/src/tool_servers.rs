@@ -21,15 +21,8 @@ const LAST_RETRY: Duration = Duration::from_secs(60);
 /// to a background task each.
 pub async fn register(engine: &Arc<Engine>, urls: &[String]) {
     for url in urls {
-        match engine.register_toolset(url, None, None).await {
-            Ok(t) => {
-                info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered at start")
-            }
-            Err(Error::ToolsetUnreachable(reason)) => {
-                warn!(url, error = %reason, "tool server unreachable at start; trying again in the background");
-                tokio::spawn(retry(engine.clone(), url.clone()));
-            }
-            Err(e) => warn!(url, error = %e, "could not register tool server at start"),
+        if !settled(engine, url).await {
+            tokio::spawn(retry(engine.clone(), url.clone()));
         }
     }
 }
@@ -43,18 +36,27 @@ async fn retry(engine: Arc<Engine>, url: String) {
         .build();
     loop {
         tokio::time::sleep(waits.next_backoff().unwrap_or(LAST_RETRY)).await;
-        match engine.register_toolset(&url, None, None).await {
-            Ok(t) => {
-                info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered once its server answered");
-                return;
-            }
-            Err(Error::ToolsetUnreachable(reason)) => {
-                warn!(url, error = %reason, "tool server still unreachable; trying again")
-            }
-            Err(e) => {
-                warn!(url, error = %e, "could not register tool server; not trying again");
-                return;
-            }
+        if settled(&engine, &url).await {
+            return;
+        }
+    }
+}
+
+/// Tries to register `url` once: `false` when its server cannot be
+/// reached yet (worth another try), `true` when registered or refused.
+async fn settled(engine: &Engine, url: &str) -> bool {
+    match engine.register_toolset(url, None, None).await {
+        Ok(t) => {
+            info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered");
+            true
+        }
+        Err(Error::ToolsetUnreachable(reason)) => {
+            warn!(url, error = %reason, "tool server unreachable; trying again in the background");
+            false
+        }
+        Err(e) => {
+            warn!(url, error = %e, "could not register tool server; not trying again");
+            true
         }
     }
 }

@@ -15,6 +15,16 @@ use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
 
+/// Whether a URL's host is this machine: `localhost` (in any case) or a
+/// loopback address. The native API, OXP and `/mcp` share this one rule.
+pub(crate) fn is_loopback_host<S: AsRef<str>>(host: &url::Host<S>) -> bool {
+    match host {
+        url::Host::Domain(d) => d.as_ref().eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
 /// Where this Ferry may be reached from a browser besides loopback: its
 /// public URL's origin.
 #[derive(Clone)]
@@ -42,9 +52,10 @@ impl Origins {
             return true;
         }
         let (loopback, address) = match url.host() {
-            Some(url::Host::Domain(d)) => (d.eq_ignore_ascii_case("localhost"), false),
-            Some(url::Host::Ipv4(ip)) => (ip.is_loopback(), true),
-            Some(url::Host::Ipv6(ip)) => (ip.is_loopback(), true),
+            Some(host) => (
+                is_loopback_host(&host),
+                !matches!(host, url::Host::Domain(_)),
+            ),
             None => (false, false),
         };
         // Same origin: the page was served by this address and port. Only

@@ -5,18 +5,11 @@ use axum::http::{header, HeaderMap};
 
 use super::jsonrpc::{RpcError, INVALID_REQUEST};
 use super::McpConfig;
+use crate::http::origin::is_loopback_host;
 
-/// Whether a host name (IPv6 literals in brackets) is this machine:
-/// `localhost` in any case, or a loopback address in any spelling.
+/// Whether a `Host` name (IPv6 literals in brackets) is this machine.
 fn is_loopback(name: &str) -> bool {
-    let address = name
-        .strip_prefix('[')
-        .and_then(|n| n.strip_suffix(']'))
-        .unwrap_or(name);
-    name.eq_ignore_ascii_case("localhost")
-        || address
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    url::Host::parse(name).is_ok_and(|host| is_loopback_host(&host))
 }
 
 /// The host part of `host[:port]` (IPv6 literals keep their brackets).
@@ -52,12 +45,7 @@ fn allowed_origin(config: &McpConfig, origin: &str) -> bool {
     let Ok(url) = url::Url::parse(origin) else {
         return false;
     };
-    match url.host() {
-        Some(url::Host::Domain(d)) => is_loopback(d),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    }
+    url.host().is_some_and(|host| is_loopback_host(&host))
 }
 
 /// Refuses a request from a foreign `Host` or `Origin` (403), or without

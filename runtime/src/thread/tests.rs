@@ -120,6 +120,15 @@ fn user_choice(id: &str) -> Command {
     }))
 }
 
+fn oauth(id: &str, auth_url: &str) -> Command {
+    Command::Callback(Callback::OAuth(OAuth {
+        group_id: G.into(),
+        id: id.into(),
+        call_id: None,
+        auth_url: auth_url.into(),
+    }))
+}
+
 /// What one command must answer: the event types it records, or a refusal.
 type Expect = Result<&'static [&'static str], Rejection>;
 
@@ -628,12 +637,7 @@ fn dispatch_failure_fails_only_a_queued_call() {
 
 #[test]
 fn oauth_waits_then_the_result_completes() {
-    let oauth = Command::Callback(Callback::OAuth(OAuth {
-        group_id: G.into(),
-        id: "c".into(),
-        call_id: None,
-        auth_url: "https://auth".into(),
-    }));
+    let oauth = oauth("c", "https://auth");
     let state = check(vec![
         (
             Command::Submit(new_call("c", json!({}))),
@@ -1107,12 +1111,7 @@ fn a_new_question_drops_what_the_last_one_left() {
         id: "u".into(),
         answer: Answer::Index(index),
     };
-    let oauth = Command::Callback(Callback::OAuth(OAuth {
-        group_id: G.into(),
-        id: "u".into(),
-        call_id: None,
-        auth_url: "https://idp.example/authorize".into(),
-    }));
+    let oauth = oauth("u", "https://idp.example/authorize");
     let state = check(vec![
         (
             Command::Submit(new_call("u", json!({}))),
