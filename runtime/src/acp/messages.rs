@@ -142,22 +142,26 @@ fn image_block(data: &str, media_type: &str) -> Value {
     json!({"type": "content", "content": {"type": "image", "data": data, "mimeType": media_type}})
 }
 
-/// The result's text, then its content items (text and images), then its
-/// display segments that add something: images, and diffs as the text of
-/// the patch.
+/// The result as blocks, then its display segments that add something:
+/// images, and diffs as the text of the patch. The result is its content
+/// items (text and images, in order) when it has any — `content` wins over
+/// `text` (rap-3), and `text` is then only their text items joined — and
+/// otherwise its text.
 fn result_content(
     text: &str,
     content: Option<&[ContentItem]>,
     display_as: Option<&[DisplaySegment]>,
 ) -> Vec<Value> {
-    let mut blocks = vec![text_block(text)];
-    for item in content.unwrap_or_default() {
-        match item {
-            ContentItem::Text { text: t } if t != text => blocks.push(text_block(t)),
-            ContentItem::Text { .. } => {}
-            ContentItem::Image { data, media_type } => blocks.push(image_block(data, media_type)),
-        }
-    }
+    let mut blocks: Vec<Value> = match content {
+        Some(items) if !items.is_empty() => items
+            .iter()
+            .map(|item| match item {
+                ContentItem::Text { text } => text_block(text),
+                ContentItem::Image { data, media_type } => image_block(data, media_type),
+            })
+            .collect(),
+        _ => vec![text_block(text)],
+    };
     for segment in display_as.unwrap_or_default() {
         match segment {
             DisplaySegment::Known(KnownSegment::Diff(diff)) => blocks.push(text_block(&format!(
@@ -171,4 +175,45 @@ fn result_content(
         }
     }
     blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(blocks: &[Value]) -> Vec<&str> {
+        blocks
+            .iter()
+            .map(|b| {
+                b["content"]["text"]
+                    .as_str()
+                    .or(b["content"]["type"].as_str())
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    fn text_item(text: &str) -> ContentItem {
+        ContentItem::Text { text: text.into() }
+    }
+
+    #[test]
+    fn a_result_with_content_shows_each_item_once_and_in_order() {
+        // rap-3: "`content` wins when both are present"; the stored text is
+        // the text items joined, so showing it too would repeat them.
+        let image = ContentItem::Image {
+            data: "aGk=".into(),
+            media_type: "image/png".into(),
+        };
+        let items = [text_item("first"), image, text_item("second")];
+        let blocks = result_content("first\nsecond", Some(&items), None);
+        assert_eq!(texts(&blocks), ["first", "image", "second"]);
+        assert_eq!(blocks[1]["content"]["mimeType"], "image/png");
+    }
+
+    #[test]
+    fn a_result_without_content_is_its_text() {
+        assert_eq!(texts(&result_content("done", None, None)), ["done"]);
+        assert_eq!(texts(&result_content("done", Some(&[]), None)), ["done"]);
+    }
 }
