@@ -47,7 +47,7 @@ async fn retry(engine: Arc<Engine>, url: String) {
 async fn settled(engine: &Engine, url: &str) -> bool {
     match engine.register_toolset(url, None, None).await {
         Ok(t) => {
-            info!(toolset = %t.name, url, tools = t.tools.len(), "toolset registered");
+            info!(toolset = ?t.name, url, tools = t.tools.len(), "toolset registered");
             true
         }
         Err(Error::ToolsetUnreachable(reason)) => {

@@ -60,6 +60,9 @@ pub struct FerryOptions {
     pub args: Vec<String>,
     pub demo: bool,
     pub tool_servers: Vec<String>,
+    /// Where the process's log (stderr, at `info`) goes, when a test reads
+    /// it; otherwise it is inherited at `warn` (or `FERRY_TEST_LOG`).
+    pub log: Option<PathBuf>,
 }
 
 impl Default for FerryOptions {
@@ -74,6 +77,7 @@ impl Default for FerryOptions {
             ],
             demo: false,
             tool_servers: vec![],
+            log: None,
             command: "serve",
         }
     }
@@ -149,6 +153,14 @@ impl Ferry {
             )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(path) = &self.options.log {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("opening the log file");
+            cmd.env("RUST_LOG", "info").stderr(log);
+        }
         if self.options.demo {
             cmd.arg("--demo");
         }

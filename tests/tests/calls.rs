@@ -2,6 +2,8 @@
 //! resubmission, and every bad input of the issue, each answered in the
 //! API's error shape and leaving no trace.
 
+use std::time::Duration;
+
 use ferry_tests::api::seg;
 use ferry_tests::{Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
@@ -248,4 +250,48 @@ async fn unusual_group_ids_work_and_never_see_each_others_events() {
         assert_eq!(status, 200);
         assert_eq!(thread["group_id"], *g);
     }
+}
+
+/// Issue 2: "Every accepted call is logged (tracing) for audit with
+/// operation, group_id, id, user_id, timestamp and later its outcome." Ids
+/// are any text, so the log must quote them: an id with a line break must
+/// not start a line of its own (a forged audit record), and a NUL must not
+/// reach the log.
+#[tokio::test]
+async fn ids_cannot_forge_lines_in_the_audit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ferry.log");
+    let ferry = Ferry::start(FerryOptions {
+        demo: true,
+        log: Some(log.clone()),
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    let forged = "\nFORGED INFO call accepted operation=drop_table user_id=admin\u{0}";
+    let group_id = format!("g{forged}");
+    let id = format!("c{forged}");
+    let (status, reply) = api
+        .submit(json!({"operation": "echo", "arguments": {"text": "hi"},
+                       "group_id": group_id, "id": id, "user_id": "u"}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    api.wait_for(&group_id, &id, "tool_result").await;
+
+    let text = ferry_tests::eventually(
+        "the call's outcome in the log",
+        Duration::from_secs(10),
+        || {
+            let log = log.clone();
+            async move {
+                let text = String::from_utf8_lossy(&std::fs::read(&log).ok()?).into_owned();
+                text.contains("call finished").then_some(text)
+            }
+        },
+    )
+    .await;
+    assert!(text.contains("call accepted"), "{text}");
+    let forged_lines: Vec<&str> = text.lines().filter(|l| l.starts_with("FORGED")).collect();
+    assert!(forged_lines.is_empty(), "{forged_lines:#?}");
+    assert!(!text.contains('\u{0}'), "a NUL reached the log");
 }

@@ -62,7 +62,7 @@ impl Worker {
         }
     }
 
-    #[instrument(skip_all, fields(group_id = %invocation.group_id, call_id = %invocation.id))]
+    #[instrument(skip_all, fields(group_id = ?invocation.group_id, call_id = ?invocation.id))]
     async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) -> bool {
         let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
         let started = Instant::now();

@@ -168,7 +168,7 @@ impl Engine {
             return;
         };
         let Ok(deadline) = humantime::parse_rfc3339(deadline) else {
-            warn!(group_id, call_id = %call.id, deadline, "unreadable approval deadline");
+            warn!(group_id, call_id = ?call.id, deadline, "unreadable approval deadline");
             return;
         };
         let key = (group_id.to_owned(), call.id.clone());
@@ -224,10 +224,10 @@ impl Engine {
                         .decide(g, id, PermissionKind::RejectOnce, TIMEOUT_REVIEWER, None)
                         .await
                     {
-                        Ok(_) => info!(group_id = %g, call_id = %id, "approval timed out"),
+                        Ok(_) => info!(group_id = ?g, call_id = ?id, "approval timed out"),
                         Err(Error::Rejected(Rejection::NotPendingApproval { .. })) => {}
                         Err(e) => {
-                            warn!(group_id = %g, call_id = %id, error = %e, "approval timeout failed")
+                            warn!(group_id = ?g, call_id = ?id, error = %e, "approval timeout failed")
                         }
                     }
                 });

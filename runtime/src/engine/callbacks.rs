@@ -89,7 +89,7 @@ impl Engine {
         };
         let outcome = self.execute(&group_id, command).await?.decision.outcome;
         if outcome == Outcome::Applied {
-            warn!(group_id, call_id = %id, "the tool's result was too large to record; the call failed");
+            warn!(group_id, call_id = ?id, "the tool's result was too large to record; the call failed");
             ::metrics::counter!(metrics::OUTCOMES, "status" => "failed").increment(1);
             tokio::spawn(
                 self.notifier
@@ -122,17 +122,17 @@ impl Engine {
                 EventKind::ToolResult {
                     subscription: true, ..
                 } if executed.state.calls[&id].status == CallStatus::Subscribed => {
-                    info!(group_id, call_id = %id, "subscription opened");
+                    info!(group_id, call_id = ?id, "subscription opened");
                 }
                 EventKind::ToolResult { is_error, .. } => {
                     let status = executed.state.calls[&id].status;
                     ::metrics::counter!(metrics::OUTCOMES, "status" => status_label(status))
                         .increment(1);
-                    info!(group_id, call_id = %id, ?status, is_error, "call finished");
+                    info!(group_id, call_id = ?id, ?status, is_error, "call finished");
                 }
                 EventKind::SubscriptionCancelled {} => {
                     warn!(
-                        group_id, call_id = %id, limit = crate::thread::MAX_ACTIVE_SUBSCRIPTIONS,
+                        group_id, call_id = ?id, limit = crate::thread::MAX_ACTIVE_SUBSCRIPTIONS,
                         "subscription refused: the thread holds as many active subscriptions as it may"
                     );
                     tokio::spawn(
@@ -143,13 +143,13 @@ impl Engine {
                 EventKind::SubscriptionEvent { is_final: true, .. }
                     if executed.state.calls[&id].status == CallStatus::Completed =>
                 {
-                    info!(group_id, call_id = %id, "subscription ended");
+                    info!(group_id, call_id = ?id, "subscription ended");
                 }
                 _ => {}
             }
         }
         if outcome != Outcome::Applied {
-            info!(group_id, call_id = %id, kind, ?outcome, "callback had no effect");
+            info!(group_id, call_id = ?id, kind, ?outcome, "callback had no effect");
         }
         Ok((kind, outcome))
     }

@@ -29,7 +29,7 @@ impl Engine {
     /// process through the toolset bucket's watch, which may lag the node
     /// that registered it: the registry is read again before the call is
     /// refused for a tool the node knew.
-    #[instrument(skip_all, fields(group_id = %req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
+    #[instrument(skip_all, fields(group_id = ?req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
     pub async fn submit_to(
         &self,
         req: SubmitCall,
@@ -153,7 +153,7 @@ impl Engine {
         }
         ::metrics::counter!(metrics::CALLS_ACCEPTED).increment(1);
         info!(
-            operation = %call.submission.operation, tool = %call.tool, user_id = call.submission.user_id.as_deref().unwrap_or(""),
+            operation = ?call.submission.operation, tool = ?call.tool, user_id = call.submission.user_id.as_deref().unwrap_or(""),
             at = %call.created_at, "call accepted"
         );
         if let Some(cancelled) = target {
@@ -168,7 +168,7 @@ impl Engine {
             match call.status {
                 CallStatus::Queued => self.enqueue(&group_id, call).await?,
                 CallStatus::PendingApproval => {
-                    info!(tool = %call.tool, deadline = call.approval_deadline.as_deref().unwrap_or(""), "approval requested");
+                    info!(tool = ?call.tool, deadline = call.approval_deadline.as_deref().unwrap_or(""), "approval requested");
                     self.arm(&group_id, call);
                 }
                 _ => {}

@@ -216,7 +216,7 @@ impl Engine {
         self.store.flush().await?;
         let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
         self.registry.insert(loaded);
-        info!(toolset = %name, %version, "toolset registered");
+        info!(toolset = ?name, %version, "toolset registered");
         let registered = self
             .registry
             .get(&name, Some(&version))

@@ -240,12 +240,12 @@ pub(crate) fn follow(
                     // NATS unreachable for a while: the stream waits it
                     // out (its keep-alives go on) rather than ending.
                     Err(crate::engine::Error::Store(crate::store::Error::Unavailable(e))) => {
-                        tracing::warn!(group_id = %group_id, error = %e, "stream read failed; retrying");
+                        tracing::warn!(group_id = ?group_id, error = %e, "stream read failed; retrying");
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(UNAVAILABLE_MOST);
                     }
                     Err(e) => {
-                        tracing::warn!(group_id = %group_id, error = %e, "stream read failed");
+                        tracing::warn!(group_id = ?group_id, error = %e, "stream read failed");
                         return None;
                     }
                 }

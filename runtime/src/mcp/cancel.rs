@@ -54,7 +54,7 @@ impl Running {
         };
         let key = (session.to_owned(), id.to_string());
         let Some(call) = self.0.lock().expect("running lock").remove(&key) else {
-            tracing::debug!(request = %id, "notifications/cancelled for no running tools/call ignored");
+            tracing::debug!(request = ?id, "notifications/cancelled for no running tools/call ignored");
             return;
         };
         let reason = params.get("reason").and_then(Value::as_str).unwrap_or("");
@@ -64,11 +64,11 @@ impl Running {
         };
         match perform.perform(request).await {
             Ok(_) => {
-                tracing::info!(group_id = %call.group_id, id = %call.id, reason, "MCP client cancelled its call")
+                tracing::info!(group_id = ?call.group_id, id = ?call.id, reason, "MCP client cancelled its call")
             }
             // Settled meanwhile: "processing has already completed".
             Err(e) => {
-                tracing::info!(group_id = %call.group_id, id = %call.id, error = %e.body.error.message, "MCP cancellation not applied")
+                tracing::info!(group_id = ?call.group_id, id = ?call.id, error = %e.body.error.message, "MCP cancellation not applied")
             }
         }
     }

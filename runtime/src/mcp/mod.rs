@@ -164,7 +164,7 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
             return error_reply(&id, &e);
         }
     };
-    let span = info_span!("mcp", %method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version);
+    let span = info_span!("mcp", ?method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version);
     // Calls may wait long (a reviewer, a slow tool): answer them as a stream
     // when the client takes one, so progress and keep-alives can flow.
     let long = matches!(method.as_str(), "tools/call" | "tasks/result");
@@ -248,7 +248,7 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
                     Some(jsonrpc::error_response(&id, &e))
                 }
                 Ok(Incoming::Request { id, method, params }) => {
-                    let span = info_span!("mcp", %method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version, batch = true);
+                    let span = info_span!("mcp", ?method, session = ctx.session.as_deref().unwrap_or(""), version = %ctx.version, batch = true);
                     let answer = dispatch(mcp, ctx, &id, &method, &params, None)
                         .instrument(span)
                         .await;

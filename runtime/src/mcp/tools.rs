@@ -224,7 +224,7 @@ const JOURNALED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Submits the call like `POST /v1/calls` (`http::submit_call`: detached
 /// from the client's connection in `ferry serve`, journaled first on a
 /// cluster node, whose worker's answer it waits for).
-#[instrument(skip_all, fields(group_id, call_id = %id, tool = %name))]
+#[instrument(skip_all, fields(group_id, call_id = ?id, tool = ?name))]
 pub async fn submit(
     perform: &dyn Perform,
     ctx: &Context,
@@ -339,7 +339,7 @@ fn describe(call: &CallRecord) -> String {
 /// With a progress token and a stream to the client, reports each change of
 /// the call's state and a heartbeat; gives up waiting (not the call) when
 /// the client's stream closes (`Ok(None)`).
-#[instrument(skip_all, fields(group_id = %call.group_id, call_id = %call.id))]
+#[instrument(skip_all, fields(group_id = ?call.group_id, call_id = ?call.id))]
 pub async fn wait(
     engine: &Engine,
     call: &Accepted,

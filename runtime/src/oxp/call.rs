@@ -131,8 +131,8 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         .map(str::to_owned);
     let id = text("call_id").unwrap_or_else(|| format!("oxp_{}", uuid::Uuid::new_v4().simple()));
     let group_id = thread_of(user_id.as_deref());
-    let span = tracing::info_span!("oxp_call", group_id = %group_id, call_id = %id,
-        tool_id = %tool_id, trace_id = text("trace_id").unwrap_or_default());
+    let span = tracing::info_span!("oxp_call", group_id = ?group_id, call_id = ?id,
+        tool_id = ?tool_id, trace_id = text("trace_id").unwrap_or_default());
     let submit = SubmitCall {
         operation: tool.operation(),
         arguments: request.get("input").cloned().unwrap_or_else(|| json!({})),

@@ -133,7 +133,7 @@ impl Index {
                 let versions = index.tools.entry(key.clone()).or_default();
                 if let Some(other) = versions.get(v) {
                     if other.toolset != entry.toolset || other.tool != entry.tool {
-                        tracing::warn!(id = %entry.id, a = %other.operation(), b = %entry.operation(),
+                        tracing::warn!(id = ?entry.id, a = ?other.operation(), b = ?entry.operation(),
                             "two tools map to one OXP id; neither is served under it");
                         clashes.insert((key, v.clone()));
                     }
