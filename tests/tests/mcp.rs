@@ -772,6 +772,61 @@ async fn long_running_tools_run_as_tasks_backed_by_the_durable_call() {
         "{}",
         qualified.body
     );
+
+    // A `task` that is not an object (2025-11-25: `{ttl?}`) is refused,
+    // and no call is made: the client meant a task.
+    let before = raw.rpc("tasks/list", json!({})).await.body["result"]["tasks"]
+        .as_array()
+        .unwrap()
+        .len();
+    let thread = format!("/v1/threads/{}/calls", seg(raw.session.as_deref().unwrap()));
+    let (_, calls_before) = ferry.api().get(&thread).await;
+    let malformed = raw
+        .rpc(
+            "tools/call",
+            json!({"name": "sleep", "arguments": {"seconds": 0.1}, "task": "yes"}),
+        )
+        .await;
+    assert_eq!(
+        malformed.body["error"]["code"], -32602,
+        "{}",
+        malformed.body
+    );
+    assert_eq!(ferry.api().get(&thread).await.1, calls_before);
+
+    // tasks/list pages like tools/list; "Invalid cursors SHOULD result in
+    // an error with code -32602 (Invalid params)."
+    let garbage = raw.rpc("tasks/list", json!({"cursor": "garbage!!"})).await;
+    assert_eq!(garbage.body["error"]["code"], -32602, "{}", garbage.body);
+    let unknown = raw.rpc("tasks/list", json!({"cursor": "bm9wZQ"})).await;
+    assert_eq!(unknown.body["error"]["code"], -32602, "{}", unknown.body);
+    for _ in before..51 {
+        let made = raw
+            .rpc(
+                "tools/call",
+                json!({"name": "sleep", "arguments": {"seconds": 0}, "task": {}}),
+            )
+            .await;
+        assert!(made.body["result"]["task"].is_object(), "{}", made.body);
+    }
+    let first = raw.rpc("tasks/list", json!({})).await.body["result"].clone();
+    assert_eq!(first["tasks"].as_array().unwrap().len(), 50, "{first}");
+    let cursor = first["nextCursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = raw.rpc("tasks/list", json!({"cursor": cursor})).await.body["result"].clone();
+    let rest = second["tasks"].as_array().unwrap();
+    assert_eq!(rest.len(), 1, "{second}");
+    assert!(second.get("nextCursor").is_none(), "{second}");
+    let seen: std::collections::HashSet<&str> = first["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(rest)
+        .map(|t| t["taskId"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 51);
 }
 
 /// A task outlives the process that created it and the session that asked:

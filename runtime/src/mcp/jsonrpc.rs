@@ -115,7 +115,14 @@ impl Incoming {
             _ => return bad(Value::Null, "a JSON-RPC message must be an object"),
         };
         let id = object.remove("id");
-        let valid_id = matches!(&id, Some(Value::String(_)) | Some(Value::Number(_)));
+        // MCP: "Requests MUST include a string or integer ID", answered
+        // with "the same ID": an integer beyond 64 bits would come back
+        // changed (serde_json reads it as a float), so it is refused too.
+        let valid_id = match &id {
+            Some(Value::String(_)) => true,
+            Some(Value::Number(n)) => n.is_i64() || n.is_u64(),
+            _ => false,
+        };
         let shown_id = if valid_id {
             id.clone().unwrap_or(Value::Null)
         } else {
@@ -134,10 +141,16 @@ impl Incoming {
             (Some(Value::String(method)), Some(id)) if valid_id => {
                 Ok(Incoming::Request { id, method, params })
             }
-            (Some(Value::String(_)), Some(_)) => {
-                bad(Value::Null, "\"id\" must be a string or a number")
-            }
+            (Some(Value::String(_)), Some(_)) => bad(
+                Value::Null,
+                "\"id\" must be a string or an integer (of at most 64 bits)",
+            ),
             (Some(_), _) => bad(shown_id, "\"method\" must be a string"),
+            // "Either a result or an error MUST be set. A response MUST NOT
+            // set both."
+            (None, Some(_)) if object.contains_key("result") && object.contains_key("error") => {
+                bad(shown_id, "a response has \"result\" or \"error\", not both")
+            }
             (None, Some(_)) if object.contains_key("result") || object.contains_key("error") => {
                 Ok(Incoming::Response)
             }
@@ -186,6 +199,27 @@ mod tests {
             INVALID_REQUEST
         );
         assert_eq!(code(r#"{"jsonrpc":"2.0","id":1}"#), INVALID_REQUEST);
+        // "Requests MUST include a string or integer ID" (echoed as sent).
+        for id in ["1.5", "1e3", "18446744073709551616", "-9223372036854775809"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert_eq!(code(&body), INVALID_REQUEST, "{id}");
+        }
+        // "A response MUST NOT set both."
+        assert_eq!(
+            code(r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"x"}}"#),
+            INVALID_REQUEST
+        );
+    }
+
+    #[test]
+    fn integer_ids_of_64_bits_are_taken_as_sent() {
+        for id in ["18446744073709551615", "-9223372036854775808", "0"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            let Ok(Incoming::Request { id: got, .. }) = Incoming::parse(body.as_bytes()) else {
+                panic!("{id} refused");
+            };
+            assert_eq!(got.to_string(), id);
+        }
     }
 
     #[test]

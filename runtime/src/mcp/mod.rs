@@ -412,7 +412,18 @@ async fn call(
         .get("name")
         .and_then(Value::as_str)
         .ok_or_else(|| RpcError::invalid_params("tools/call needs params.name, a string"))?;
-    let as_task = ctx.tasks() && params.get("task").is_some_and(Value::is_object);
+    // 2025-11-25: `task` is an object (`{ttl?}`); a client that sent
+    // something else meant a task and must not block on a plain call.
+    let as_task = match params.get("task") {
+        Some(Value::Object(_)) => ctx.tasks(),
+        None | Some(Value::Null) => false,
+        Some(_) if ctx.tasks() => {
+            return Err(RpcError::invalid_params(
+                "params.task must be an object ({\"ttl\"?: number})",
+            ))
+        }
+        Some(_) => false,
+    };
     // By any name the tool answers to (bare, `Toolset.tool`, `…@1.2.3`);
     // an unknown tool goes on to the unknown-tool error.
     if as_task && long_running(engine, name) == Some(false) {

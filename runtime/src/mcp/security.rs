@@ -12,18 +12,26 @@ fn is_loopback(name: &str) -> bool {
     url::Host::parse(name).is_ok_and(|host| is_loopback_host(&host))
 }
 
-/// The host part of `host[:port]` (IPv6 literals keep their brackets).
-fn host_name(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        // Up to the closing bracket; without one, the whole (odd) value,
-        // which matches no allowed host.
-        return authority.find(']').map_or(authority, |i| &authority[..=i]);
-    }
-    authority.split(':').next().unwrap_or(authority)
+/// The host part of `host[:port]` (IPv6 literals keep their brackets), or
+/// `None` when what follows the host is not a port (`localhost:evil.com`).
+fn host_name(authority: &str) -> Option<&str> {
+    let (name, rest) = if authority.starts_with('[') {
+        // Up to the closing bracket; without one, the value is malformed.
+        authority.split_at(authority.find(']')? + 1)
+    } else {
+        authority.split_at(authority.find(':').unwrap_or(authority.len()))
+    };
+    let port_ok = match rest.strip_prefix(':') {
+        Some(port) => port.bytes().all(|b| b.is_ascii_digit()),
+        None => rest.is_empty(),
+    };
+    port_ok.then_some(name)
 }
 
 fn allowed_host(config: &McpConfig, host: &str) -> bool {
-    let name = host_name(host);
+    let Some(name) = host_name(host) else {
+        return false;
+    };
     is_loopback(name)
         || config
             .allowed_hosts
@@ -157,7 +165,18 @@ mod tests {
             assert!(check(&config, &h).is_ok(), "{origin}");
         }
         // Near misses stay foreign.
-        for host in ["localhost.evil.com", "128.0.0.1", "[::2]", "localhost."] {
+        for host in [
+            "localhost.evil.com",
+            "128.0.0.1",
+            "[::2]",
+            "localhost.",
+            // What follows the host must be a port.
+            "localhost:evil.com",
+            "127.0.0.1:80.evil.com",
+            "[::1].evil.com",
+            "[::1]evil.com",
+            "localhost:80:81",
+        ] {
             let refused = check(&config, &headers(host, None)).unwrap_err();
             assert_eq!(refused.http_status, 403, "{host}");
         }

@@ -120,20 +120,43 @@ pub async fn list(
         .and_then(|m| m.get(tools::GROUP_ID_META))
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let after = tools::cursor(params)?;
+    let invalid = |after: &str| {
+        RpcError::invalid_params(format!("invalid cursor: it names no task ({after:?})"))
+    };
     let Some(group_id) = explicit.or_else(|| ctx.session.clone()) else {
-        return Ok(json!({"tasks": []}));
+        return match after {
+            Some(after) => Err(invalid(&after)),
+            None => Ok(json!({"tasks": []})),
+        };
     };
     let calls = match engine.calls(&group_id).await {
         Ok(calls) => calls,
         Err(Error::InvalidRequest(m)) => return Err(RpcError::invalid_params(m)),
         Err(e) => return Err(RpcError::internal(e.to_string())),
     };
-    let tasks: Vec<Value> = calls
+    let tasks: Vec<&CallRecord> = calls
         .iter()
         .filter(|c| c.id.starts_with(CALL_PREFIX))
-        .map(|c| view(&group_id, c))
         .collect();
-    Ok(json!({"tasks": tasks}))
+    // The cursor is the last call id of the page before.
+    let start = match &after {
+        None => 0,
+        Some(after) => {
+            tasks
+                .iter()
+                .position(|c| c.id == *after)
+                .ok_or_else(|| invalid(after))?
+                + 1
+        }
+    };
+    let rest = &tasks[start..];
+    let page = &rest[..rest.len().min(tools::PAGE_SIZE)];
+    let mut result = json!({"tasks": page.iter().map(|c| view(&group_id, c)).collect::<Vec<_>>()});
+    if let (true, Some(last)) = (rest.len() > page.len(), page.last()) {
+        result["nextCursor"] = json!(tools::next_cursor(&last.id));
+    }
+    Ok(result)
 }
 
 /// `tasks/cancel`: cancels the durable call (Ferry tells the tool).

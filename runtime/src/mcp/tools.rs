@@ -112,17 +112,7 @@ pub fn list(
     ctx: &Context,
     params: &Map<String, Value>,
 ) -> Result<Value, RpcError> {
-    let after = match params.get("cursor") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(c)) => Some(
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(c)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| RpcError::invalid_params(format!("invalid cursor {c:?}")))?,
-        ),
-        Some(_) => return Err(RpcError::invalid_params("cursor must be a string")),
-    };
+    let after = cursor(params)?;
     let tools: Vec<Value> = all(engine, ctx)
         .into_iter()
         .filter(|t| {
@@ -136,9 +126,30 @@ pub fn list(
     let mut result = json!({"tools": page});
     if more {
         let last = page.last().and_then(|t| t["name"].as_str()).unwrap_or("");
-        result["nextCursor"] = json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last));
+        result["nextCursor"] = json!(next_cursor(last));
     }
     Ok(result)
+}
+
+/// What a list request's `cursor` says: the key of the last item of the
+/// page before (none for the first page). "Invalid cursors SHOULD result
+/// in an error with code -32602 (Invalid params)."
+pub fn cursor(params: &Map<String, Value>) -> Result<Option<String>, RpcError> {
+    match params.get("cursor") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(c)) => base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(c)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .map(Some)
+            .ok_or_else(|| RpcError::invalid_params(format!("invalid cursor {c:?}"))),
+        Some(_) => Err(RpcError::invalid_params("cursor must be a string")),
+    }
+}
+
+/// The `nextCursor` of a page whose last item has key `last`.
+pub fn next_cursor(last: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last)
 }
 
 /// Where an MCP call goes: the thread `_meta` names, else the session's,
