@@ -23,6 +23,19 @@ pub struct SubmitCall {
     pub thread_ancestors: Option<Vec<String>>,
 }
 
+impl SubmitCall {
+    /// The submission with an empty `thread_ancestors` as none: RAP omits
+    /// the field "when the current thread is the root", so `[]` and no
+    /// field are the same call (a retry of one with the other is no
+    /// conflict).
+    pub fn normalized(mut self) -> Self {
+        if self.thread_ancestors.as_ref().is_some_and(Vec::is_empty) {
+            self.thread_ancestors = None;
+        }
+        self
+    }
+}
+
 /// The answer to `POST /v1/calls`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubmitReply {

@@ -272,6 +272,67 @@ async fn standing_grants_apply_to_the_thread_and_its_descendants_only() {
     );
 }
 
+/// Grants follow the ancestors the thread shows (`GET /v1/threads/{g}`),
+/// which its first call naming any sets: a later call naming other
+/// ancestors does not borrow their grants, and one naming none keeps the
+/// thread's.
+#[tokio::test]
+async fn grants_follow_the_ancestors_the_thread_shows() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "granted", "g1", "deploy", None).await;
+    decide(&api, "granted", "g1", "allow_always").await;
+
+    // A thread whose first call named another ancestor.
+    submit(&api, "other-child", "o1", "look", Some(vec!["elsewhere"])).await;
+    assert_eq!(
+        api.thread("other-child").await.1["ancestors"],
+        json!(["elsewhere"])
+    );
+    let borrowed = submit(&api, "other-child", "o2", "deploy", Some(vec!["granted"])).await;
+    assert_eq!(borrowed["status"], "pending_approval", "{borrowed}");
+    assert_eq!(
+        api.thread("other-child").await.1["ancestors"],
+        json!(["elsewhere"])
+    );
+
+    // A thread that is the granted thread's child keeps its grant for a
+    // call that names no ancestors.
+    submit(&api, "child", "c1", "look", Some(vec!["granted"])).await;
+    let inherited = submit(&api, "child", "c2", "deploy", None).await;
+    assert_ne!(inherited["status"], "pending_approval", "{inherited}");
+    let decided = api.wait_for("child", "c2", "approval_decided").await;
+    assert_eq!(decided["payload"]["reviewer"], "grant:granted");
+}
+
+/// RAP omits `thread_ancestors` "when the current thread is the root": an
+/// empty list and none are the same call, so a retry with the other is
+/// answered by the call (200), not refused as a conflict.
+#[tokio::test]
+async fn an_empty_ancestor_list_is_the_same_call_as_none() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    let body = json!({"operation": "look", "arguments": {}, "group_id": "g", "id": "a"});
+    let (status, _) = api.submit(body.clone()).await;
+    assert_eq!(status, 202);
+    let mut empty = body.clone();
+    empty["thread_ancestors"] = json!([]);
+    let (status, reply) = api.submit(empty).await;
+    assert_eq!(status, 200, "{reply}");
+
+    let mut first = json!({"operation": "look", "arguments": {}, "group_id": "g", "id": "b"});
+    first["thread_ancestors"] = json!([]);
+    let (status, _) = api.submit(first).await;
+    assert_eq!(status, 202);
+    let (status, reply) = api
+        .submit(json!({"operation": "look", "arguments": {}, "group_id": "g", "id": "b"}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(api.thread("g").await.1["ancestors"], Value::Null);
+}
+
 #[tokio::test]
 async fn policy_is_set_at_registration_and_patched_without_refetching() {
     let tool = tool().await;

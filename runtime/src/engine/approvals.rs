@@ -29,12 +29,20 @@ pub(crate) struct Timer {
 impl Engine {
     /// The gate of a call to a tool that needs approval: its deadline, and
     /// the standing decision of the nearest ancestor that has one.
+    /// The gate of a call to `tool` in `group_id`. Standing grants are
+    /// inherited along the thread's ancestors as `GET /v1/threads/{g}`
+    /// shows them (set by its first call that named any), and along
+    /// `ancestors`, the call's own, only while the thread has none: a later
+    /// call naming other ancestors must not borrow their grants.
     pub(crate) async fn gate(
         &self,
         tool: &str,
         timeout_secs: u64,
+        group_id: &str,
         ancestors: Option<&[String]>,
     ) -> Result<Gate, Error> {
+        let recorded = self.store.thread(group_id).await?.and_then(|m| m.ancestors);
+        let ancestors = recorded.as_deref().or(ancestors);
         // Kept to the second, rounded up: a gate that closed up to a second
         // early left a reviewer of a 1 s timeout no time at all.
         let at = (SystemTime::now() + Duration::from_secs(timeout_secs))

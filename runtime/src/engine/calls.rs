@@ -40,7 +40,7 @@ impl Engine {
                 self.load_toolsets().await?;
             }
         }
-        let result = self.submit_inner(req, tool).await;
+        let result = self.submit_inner(req.normalized(), tool).await;
         if let Err(e) = &result {
             let code = crate::http::error_code(e);
             ::metrics::counter!(metrics::CALLS_REJECTED, "code" => code).increment(1);
@@ -108,8 +108,13 @@ impl Engine {
         let (command, target) = if let Some(resolved) = resolved {
             let gate = match resolved.approval_timeout {
                 Some(secs) => Some(
-                    self.gate(&resolved.qualified, secs, req.thread_ancestors.as_deref())
-                        .await?,
+                    self.gate(
+                        &resolved.qualified,
+                        secs,
+                        &req.group_id,
+                        req.thread_ancestors.as_deref(),
+                    )
+                    .await?,
                 ),
                 None => None,
             };

@@ -552,7 +552,7 @@ pub(crate) mod tests {
         let engine = engine(Arc::new(SledStore::open(dir.path()).unwrap()));
         for _ in 0..20 {
             let earliest = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
-            let gate = engine.gate("demo.echo@1.0.0", 1, None).await.unwrap();
+            let gate = engine.gate("demo.echo@1.0.0", 1, "g", None).await.unwrap();
             let deadline = humantime::parse_rfc3339(&gate.deadline).unwrap();
             assert!(deadline >= earliest, "{} is early", gate.deadline);
             tokio::time::sleep(std::time::Duration::from_millis(37)).await;
