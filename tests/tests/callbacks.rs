@@ -107,6 +107,13 @@ async fn forged_mismatched_and_unknown_callbacks_record_nothing() {
             "forbidden",
         ),
         (
+            "token that is not UTF-8",
+            format!("{prefix}/%FF%FE"),
+            result("g", "a", "x"),
+            403,
+            "forbidden",
+        ),
+        (
             "other secret",
             format!(
                 "{prefix}/{}",

@@ -1,6 +1,5 @@
 //! `POST /v1/callbacks/{token}`: the five RAP callback types.
 
-use super::path::Path;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -22,10 +21,17 @@ use crate::thread::Outcome;
 /// nothing.
 pub async fn receive(
     State(app): State<AppState>,
-    Path(token): Path<String>,
     request: Request,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
+    // Read from the path by hand: `Path<String>` answers 400 to a segment
+    // that is not UTF-8 once decoded, and such a token is no token Ferry
+    // minted, so forged like any other.
+    let segment = request.uri().path().rsplit('/').next().unwrap_or_default();
+    let token = percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map(String::from)
+        .unwrap_or_default();
     // A forged token is 403 whatever its body (issue 2). The body is
     // drained first (as an oversized one is, up to 16 times the limit, and
     // never parsed): answering while the sender still writes would reset
