@@ -286,11 +286,26 @@ async fn readers_can_ask_for_some_event_types_only() {
     assert_eq!(status, 200, "{page}");
     assert_eq!(seqs(page["events"].as_array().unwrap()), [2, 5]);
     assert_eq!(page["next_after"], 6);
-    // A page of unwanted events: empty, but the cursor moves past them.
+    // Pages of unwanted events are scanned past, with or without `wait`:
+    // the first page holding a wanted one answers.
     let (_, page) = api
         .get(&events_path("g", "after=0&limit=1&types=tool_result"))
         .await;
-    assert_eq!(page, json!({"events": [], "next_after": 1}));
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [3], "{page}");
+    assert_eq!(page["next_after"], 3);
+    let (_, page) = api
+        .get(&events_path(
+            "g",
+            "after=0&limit=2&types=tool_result&wait=0",
+        ))
+        .await;
+    assert_eq!(seqs(page["events"].as_array().unwrap()), [3], "{page}");
+    assert_eq!(page["next_after"], 4);
+    // Past the last wanted event: empty, the cursor at the end.
+    let (_, page) = api
+        .get(&events_path("g", "after=6&limit=1&types=tool_result"))
+        .await;
+    assert_eq!(page, json!({"events": [], "next_after": 6}));
 
     // A long poll waits through unwanted events for a wanted one.
     let invocation = dispatched(&api, &tool, "g", "c3").await;

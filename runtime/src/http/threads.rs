@@ -141,7 +141,8 @@ impl Types {
 }
 
 /// `GET /v1/threads/{group_id}/events?after=N&wait=S&limit=L&types=T,U`.
-/// With `types`, a page holds the wanted events among the next `limit`,
+/// With `types`, a page holds the wanted events of the first page (of
+/// `limit` events) that has any, scanning up to `MAX_SCANNED` events;
 /// `next_after` is where the scan stopped, and a long-poll waits for a
 /// wanted event (or the deadline).
 pub async fn events(
@@ -163,6 +164,7 @@ pub async fn events(
     let max_wait = app.engine.config.max_wait_secs as f64;
     let deadline = Instant::now() + Duration::from_secs_f64(wait.min(max_wait));
     let mut next = after;
+    let mut scanned = 0;
     loop {
         let wait = deadline.saturating_duration_since(Instant::now());
         let page = app.engine.events(&group_id, next, limit, wait).await?;
@@ -171,12 +173,22 @@ pub async fn events(
             return Ok(Json(json!({"events": [], "next_after": next})));
         };
         next = last.seq;
+        scanned += page.len();
+        // A full page may have more behind it: scan on (with or without
+        // `wait`, the same), up to a bound per request, so an empty page
+        // only means the scan stopped there.
+        let more = page.len() == limit && scanned < MAX_SCANNED;
         let events: Vec<Event> = page.into_iter().filter(|e| types.wants(e)).collect();
-        if !events.is_empty() || Instant::now() >= deadline {
+        if !events.is_empty() || (!more && Instant::now() >= deadline) {
             return Ok(Json(json!({"events": events, "next_after": next})));
         }
     }
 }
+
+/// Events one filtered read scans at most before it answers an empty page
+/// (with `next_after` where it stopped): a thread of millions of unwanted
+/// events costs a request this much, not the whole log.
+const MAX_SCANNED: usize = 10 * MAX_LIMIT;
 
 /// `GET /v1/threads/{group_id}/stream`: Server-Sent Events whose `id:` is
 /// the sequence number; resumes after `Last-Event-ID`, or `?after=`; only
