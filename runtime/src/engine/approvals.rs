@@ -27,13 +27,12 @@ pub(crate) struct Timer {
 }
 
 impl Engine {
-    /// The gate of a call to a tool that needs approval: its deadline, and
-    /// the standing decision of the nearest ancestor that has one.
-    /// The gate of a call to `tool` in `group_id`. Standing grants are
-    /// inherited along the thread's ancestors as `GET /v1/threads/{g}`
-    /// shows them (set by its first call that named any), and along
-    /// `ancestors`, the call's own, only while the thread has none: a later
-    /// call naming other ancestors must not borrow their grants.
+    /// The gate of a call to `tool`, which needs approval, in `group_id`:
+    /// its deadline, and the standing decision of the nearest ancestor that
+    /// has one. The ancestors are the thread's as `GET /v1/threads/{g}`
+    /// shows them (set by its first call that named any), and the call's
+    /// own (`ancestors`) only while the thread has none: a later call
+    /// naming other ancestors must not borrow their grants.
     pub(crate) async fn gate(
         &self,
         tool: &str,
