@@ -357,6 +357,60 @@ async fn the_stream_resumes_after_last_event_id() {
     );
 }
 
+/// A client that reads the thread from the start (a new window, a client
+/// without `Last-Event-ID`) is asked only about calls that still wait: a
+/// permission that was decided since would only be refused if answered.
+#[tokio::test]
+async fn a_replay_asks_only_about_calls_still_waiting_for_permission() {
+    let ferry = Ferry::with_demo().await;
+    let api = ferry.api();
+    submit(
+        &ferry,
+        "g-replay",
+        "d1",
+        "drop_table",
+        json!({"table": "a"}),
+    )
+    .await;
+    api.wait_for("g-replay", "d1", "approval_requested").await;
+    let decide = json!({"optionId": "allow_once", "reviewer": "ana"});
+    assert_eq!(api.post("/v1/approvals/g-replay/d1", &decide).await.0, 200);
+    api.wait_for("g-replay", "d1", "tool_result").await;
+    submit(
+        &ferry,
+        "g-replay",
+        "d2",
+        "drop_table",
+        json!({"table": "b"}),
+    )
+    .await;
+    api.wait_for("g-replay", "d2", "approval_requested").await;
+    submit(&ferry, "g-replay", "e1", "echo", json!({"text": "last"})).await;
+
+    let mut replay = Acp::open(&ferry, "g-replay", None).await;
+    let all = replay.until(is_final_update("e1")).await;
+    let asked: Vec<&Value> = all
+        .iter()
+        .filter(|(_, m)| m["method"] == "session/request_permission")
+        .map(|(_, m)| &m["id"])
+        .collect();
+    assert_eq!(asked, [&json!("ferry-permission:d2")], "{all:#?}");
+    // The decided call is still shown, from its creation to its result.
+    let d1: Vec<&Value> = all
+        .iter()
+        .map(|(_, m)| update(m))
+        .filter(|u| u["toolCallId"] == "d1")
+        .collect();
+    assert_eq!(d1.first().unwrap()["sessionUpdate"], "tool_call");
+    assert_eq!(d1.last().unwrap()["status"], "completed", "{d1:#?}");
+
+    // The request still asked is answered as on a live stream.
+    let answer = selected(&json!("ferry-permission:d2"), "reject_once").to_string();
+    assert_eq!(respond(&ferry, "g-replay", &answer).await.0, 202);
+    let rest = replay.until(is_final_update("d2")).await;
+    assert_eq!(update(&rest.last().unwrap().1)["status"], "failed");
+}
+
 #[tokio::test]
 async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     let ferry = Ferry::with_demo().await;
