@@ -399,6 +399,30 @@ async fn bad_inputs_get_json_rpc_errors_and_change_nothing() {
 async fn sessions_negotiate_their_revision_and_end_with_delete() {
     let ferry = Ferry::with_demo().await;
     let mut raw = Raw::new(&ferry);
+    // The schema requires protocolVersion, capabilities and clientInfo:
+    // without them, -32602 and no session.
+    let info = json!({"name": "raw", "version": "1"});
+    for params in [
+        None,
+        Some(json!({})),
+        Some(json!({"protocolVersion": 5, "capabilities": {}, "clientInfo": info})),
+        Some(json!({"protocolVersion": "2025-06-18", "clientInfo": info})),
+        Some(json!({"protocolVersion": "2025-06-18", "capabilities": "all", "clientInfo": info})),
+        Some(json!({"protocolVersion": "2025-06-18", "capabilities": {}})),
+    ] {
+        let mut body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize"});
+        if let Some(params) = &params {
+            body["params"] = params.clone();
+        }
+        let answer = raw.send(body.to_string().into_bytes(), &[]).await;
+        assert_eq!(
+            answer.body["error"]["code"], -32602,
+            "{params:?}: {}",
+            answer.body
+        );
+        assert_eq!(answer.body["id"], 1);
+        assert!(!answer.headers.contains_key("mcp-session-id"), "{params:?}");
+    }
     for (asked, got) in [
         ("2025-06-18", "2025-06-18"),
         ("2025-03-26", "2025-03-26"),

@@ -303,9 +303,20 @@ const INSTRUCTIONS: &str = "Tools run through Ferry, a durable tool runtime: eve
     recorded in a thread, some wait for a human reviewer's approval, and a result starting \
     with 'Error: ' reports a failure.";
 
-/// The 2025 handshake: negotiates the revision and opens a session.
+/// The 2025 handshake: negotiates the revision and opens a session. Its
+/// params are what every revision's schema requires of them; without them
+/// no session opens.
 fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
-    let version = session::negotiate(params.get("protocolVersion").and_then(Value::as_str));
+    let requested = params.get("protocolVersion").and_then(Value::as_str);
+    let object = |key: &str| params.get(key).is_some_and(Value::is_object);
+    if requested.is_none() || !object("capabilities") || !object("clientInfo") {
+        let e = RpcError::invalid_params(
+            "initialize needs params with protocolVersion (a string), capabilities and \
+             clientInfo (objects)",
+        );
+        return error_reply(id, &e);
+    }
+    let version = session::negotiate(requested);
     let session = mcp.sessions.open(version);
     tracing::info!(session = %session, version, "MCP session opened");
     let result = json!({
