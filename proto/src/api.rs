@@ -89,6 +89,29 @@ impl CallStatus {
     pub fn is_open(self) -> bool {
         self.is_pending() || matches!(self, Self::Subscribed | Self::PendingApproval)
     }
+
+    /// The status as the API writes it (`pending_approval`, `cancelled`…).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PendingApproval => "pending_approval",
+            Self::Queued => "queued",
+            Self::Dispatched => "dispatched",
+            Self::AwaitingAuth => "awaiting_auth",
+            Self::AwaitingUser => "awaiting_user",
+            Self::Subscribed => "subscribed",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// Error messages name a status as the API writes it.
+impl std::fmt::Display for CallStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A call's result as the agent reads it.
@@ -393,6 +416,31 @@ impl ErrorBody {
                 message: message.into(),
                 parameter_errors: None,
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CallStatus;
+
+    #[test]
+    fn a_status_displays_as_the_api_writes_it() {
+        use CallStatus::*;
+        for status in [
+            PendingApproval,
+            Queued,
+            Dispatched,
+            AwaitingAuth,
+            AwaitingUser,
+            Subscribed,
+            Completed,
+            Failed,
+            Cancelled,
+            Rejected,
+        ] {
+            let wire = serde_json::to_value(status).unwrap();
+            assert_eq!(wire.as_str(), Some(status.to_string().as_str()));
         }
     }
 }

@@ -374,6 +374,11 @@ async fn cancelling_a_pending_call_ignores_its_late_result() {
         (status, body["error"]["code"].as_str()),
         (409, Some("call_finished"))
     );
+    // The message names the status as the API writes it.
+    assert_eq!(
+        body["error"]["message"], "call \"c\" is already cancelled",
+        "{body}"
+    );
     assert_eq!(api.delete("/v1/threads/g/calls/nope").await.0, 404);
 }
 

@@ -213,17 +213,17 @@ pub enum Rejection {
     ThreadClosed,
     #[error("the subscription of call {0:?} was cancelled or has ended")]
     SubscriptionGone(String),
-    #[error("call {id:?} is already {status:?}")]
+    #[error("call {id:?} is already {status}")]
     Finished { id: String, status: CallStatus },
     #[error("call {0:?} is not an active subscription of this thread")]
     NotSubscribed(String),
-    #[error("call {id:?} is {status:?}, not waiting for approval")]
+    #[error("call {id:?} is {status}, not waiting for approval")]
     NotPendingApproval { id: String, status: CallStatus },
     #[error("call {0:?} was never dispatched: it waits for approval")]
     NotDispatched(String),
     #[error("this thread has no standing grant for {0:?}")]
     NoGrant(String),
-    #[error("call {id:?} is {status:?}: it does not wait for the user's choice")]
+    #[error("call {id:?} is {status}: it does not wait for the user's choice")]
     NotAwaitingChoice { id: String, status: CallStatus },
     #[error("{0}")]
     BadChoice(String),
