@@ -141,6 +141,15 @@ async fn submit(ferry: &Ferry, group_id: &str, id: &str, operation: &str, argume
     assert_eq!(status, 202, "{reply}");
 }
 
+/// Submits a `drop_table` call (gated) and waits until it asks for approval.
+async fn ask(ferry: &Ferry, group_id: &str, id: &str) {
+    submit(ferry, group_id, id, "drop_table", json!({"table": "t"})).await;
+    ferry
+        .api()
+        .wait_for(group_id, id, "approval_requested")
+        .await;
+}
+
 async fn respond(ferry: &Ferry, group_id: &str, body: &str) -> (u16, Option<Value>) {
     let response = reqwest::Client::new()
         .post(format!("{}/v1/threads/{group_id}/acp", ferry.url))
@@ -296,8 +305,7 @@ async fn a_cancelled_outcome_cancels_the_call() {
 async fn a_decided_permission_answered_again_is_409_and_races_take_one_outcome() {
     let ferry = Ferry::with_demo().await;
     let api = ferry.api();
-    submit(&ferry, "g-twice", "d1", "drop_table", json!({"table": "t"})).await;
-    api.wait_for("g-twice", "d1", "approval_requested").await;
+    ask(&ferry, "g-twice", "d1").await;
     let decide = json!({"optionId": "allow_once", "reviewer": "ana"});
     assert_eq!(api.post("/v1/approvals/g-twice/d1", &decide).await.0, 200);
     let id = json!("ferry-permission:d1");
@@ -313,8 +321,7 @@ async fn a_decided_permission_answered_again_is_409_and_races_take_one_outcome()
 
     let calls: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     for id in &calls {
-        submit(&ferry, "g-race", id, "drop_table", json!({"table": "t"})).await;
-        api.wait_for("g-race", id, "approval_requested").await;
+        ask(&ferry, "g-race", id).await;
     }
     let answers = calls.iter().map(|id| {
         let id = json!(format!("ferry-permission:{id}"));
@@ -364,27 +371,11 @@ async fn the_stream_resumes_after_last_event_id() {
 async fn a_replay_asks_only_about_calls_still_waiting_for_permission() {
     let ferry = Ferry::with_demo().await;
     let api = ferry.api();
-    submit(
-        &ferry,
-        "g-replay",
-        "d1",
-        "drop_table",
-        json!({"table": "a"}),
-    )
-    .await;
-    api.wait_for("g-replay", "d1", "approval_requested").await;
+    ask(&ferry, "g-replay", "d1").await;
     let decide = json!({"optionId": "allow_once", "reviewer": "ana"});
     assert_eq!(api.post("/v1/approvals/g-replay/d1", &decide).await.0, 200);
     api.wait_for("g-replay", "d1", "tool_result").await;
-    submit(
-        &ferry,
-        "g-replay",
-        "d2",
-        "drop_table",
-        json!({"table": "b"}),
-    )
-    .await;
-    api.wait_for("g-replay", "d2", "approval_requested").await;
+    ask(&ferry, "g-replay", "d2").await;
     submit(&ferry, "g-replay", "e1", "echo", json!({"text": "last"})).await;
 
     let mut replay = Acp::open(&ferry, "g-replay", None).await;
@@ -415,15 +406,7 @@ async fn a_replay_asks_only_about_calls_still_waiting_for_permission() {
 async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     let ferry = Ferry::with_demo().await;
     let api = ferry.api();
-    submit(
-        &ferry,
-        "g-bad",
-        "drop-3",
-        "drop_table",
-        json!({"table": "t"}),
-    )
-    .await;
-    api.wait_for("g-bad", "drop-3", "approval_requested").await;
+    ask(&ferry, "g-bad", "drop-3").await;
     let last_seq = || async { api.thread("g-bad").await.1["last_seq"].clone() };
     let before = last_seq().await;
 
