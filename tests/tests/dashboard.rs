@@ -141,6 +141,12 @@ async fn the_dashboard_is_served_from_the_binary() {
         .to_str()
         .unwrap()
         .starts_with("text/html"));
+    // No other site may frame it (clickjacking onto "Always allow").
+    assert_eq!(response.headers()["x-frame-options"], "DENY");
+    assert_eq!(
+        response.headers()["content-security-policy"],
+        "frame-ancestors 'none'"
+    );
     let html = response.text().await.unwrap();
     // Nothing loaded from elsewhere: it must work with no network but Ferry.
     assert!(

@@ -19,6 +19,48 @@ use crate::thread::{grant_key, CallRecord, Command, Gate, Rejection};
 /// The reviewer name the timeout decides as.
 pub const TIMEOUT_REVIEWER: &str = "timeout";
 
+/// Longest reviewer name, in bytes: a name, not a document.
+pub const MAX_REVIEWER_BYTES: usize = 256;
+/// Longest reason a reviewer may give, in bytes; it is stored with the call
+/// and read back to the agent.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// Whether `reviewer` names (or could be read as) `name`: the audit trail
+/// must not show a person's decision as one of Ferry's own.
+pub fn reviewer_reads_as(reviewer: &str, name: &str) -> bool {
+    reviewer.trim().eq_ignore_ascii_case(name)
+}
+
+/// Why a reviewer's name or reason cannot be recorded, if it cannot.
+fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
+    let grant = crate::thread::GRANT_REVIEWER_PREFIX;
+    let normalized = reviewer.trim().to_ascii_lowercase();
+    if normalized.is_empty()
+        || reviewer_reads_as(reviewer, TIMEOUT_REVIEWER)
+        || normalized.starts_with(grant)
+    {
+        return Some(format!(
+            "reviewer {reviewer:?} is empty or reserved (\"{TIMEOUT_REVIEWER}\" and \"{grant}…\" are Ferry's own)"
+        ));
+    }
+    if reviewer.len() > MAX_REVIEWER_BYTES {
+        return Some(format!(
+            "reviewer is {} bytes long; the limit is {MAX_REVIEWER_BYTES}",
+            reviewer.len()
+        ));
+    }
+    if reviewer.chars().any(char::is_control) {
+        return Some(format!("reviewer {reviewer:?} contains control characters"));
+    }
+    match reason {
+        Some(reason) if reason.len() > MAX_REASON_BYTES => Some(format!(
+            "reason is {} bytes long; the limit is {MAX_REASON_BYTES}",
+            reason.len()
+        )),
+        _ => None,
+    }
+}
+
 /// A pending approval to reject at `deadline` if no one decides first.
 pub(crate) struct Timer {
     pub group_id: String,
@@ -82,13 +124,8 @@ impl Engine {
                 "unknown optionId {option_id:?}; expected allow_once, allow_always, reject_once or reject_always"
             ))
         })?;
-        if reviewer.is_empty()
-            || reviewer == TIMEOUT_REVIEWER
-            || reviewer.starts_with(crate::thread::GRANT_REVIEWER_PREFIX)
-        {
-            return Err(Error::InvalidRequest(format!(
-                "reviewer {reviewer:?} is empty or reserved"
-            )));
+        if let Some(why) = refuse_reviewer(reviewer, reason.as_deref()) {
+            return Err(Error::InvalidRequest(why));
         }
         self.decide(group_id, id, option, reviewer, reason).await
     }

@@ -33,7 +33,7 @@ use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
 use turns::{Turn, Turns};
 
-pub use approvals::TIMEOUT_REVIEWER;
+pub use approvals::{reviewer_reads_as, MAX_REASON_BYTES, MAX_REVIEWER_BYTES, TIMEOUT_REVIEWER};
 pub use toolsets::{RegisteredToolset, ToolView};
 
 /// Whether [`Engine::execute_with`] waits for the flush before returning.

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::body::JsonBody;
 use super::{journaled, unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
+use crate::engine::reviewer_reads_as;
 
 /// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
 /// first, across threads.
@@ -83,6 +84,18 @@ pub async fn decide(
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<axum::response::Response, ApiError> {
+    // The ACP front decides as "acp" through the same request; a reviewer
+    // here is someone else.
+    if reviewer_reads_as(&decision.reviewer, crate::acp::ACP_REVIEWER) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "reviewer {:?} is reserved for decisions taken over ACP",
+                decision.reviewer
+            ),
+        ));
+    }
     let request = Request::Decide {
         group_id: group_id.clone(),
         id,
