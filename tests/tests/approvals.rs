@@ -450,6 +450,53 @@ async fn policy_is_set_at_registration_and_patched_without_refetching() {
         submit(&api, "g", "e", "deploy", None).await["status"],
         "pending_approval"
     );
+    let (status, body) = patch(&api, "/v1/toolsets/ops?version=9.9.9", json!({})).await;
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("9.9.9"),
+        "{body}"
+    );
+
+    // A merge patch: `null` puts a field back to its default. First the
+    // opposite of the default (look gated, deploy not), then nulls.
+    let opposite = json!({"approval": "required", "approval_timeout_secs": 60,
+                          "tools": {"deploy": {"approval": "auto"}}});
+    assert_eq!(patch(&api, "/v1/toolsets/ops", opposite).await.0, 200);
+    assert_eq!(
+        submit(&api, "g", "f", "look", None).await["status"],
+        "pending_approval"
+    );
+    let defaults = json!({"approval": null, "approval_timeout_secs": null,
+                          "tools": {"deploy": null, "look": null}});
+    let (status, body) = patch(&api, "/v1/toolsets/ops", defaults).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["versions"][0]["policy"], json!({}), "{body}");
+    assert_eq!(
+        api.get("/v1/toolsets/ops").await.1["latest"]["policy"],
+        json!({})
+    );
+    // The default again: only the destructive tool waits.
+    assert_eq!(
+        submit(&api, "g", "h", "deploy", None).await["status"],
+        "pending_approval"
+    );
+    assert_ne!(
+        submit(&api, "g", "i", "look", None).await["status"],
+        "pending_approval"
+    );
+}
+
+/// `PATCH path` with `body`: the status and the JSON answer.
+async fn patch(api: &Api, path: &str, body: Value) -> (u16, Value) {
+    let response = api
+        .client
+        .patch(format!("{}{path}", api.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use tracing::info;
 
 use super::{now, Engine, Error};
 use crate::toolsets::{
-    self, fetch_manifest, ApprovalPolicy, DiscoveryError, LoadedToolset, StoredToolset,
+    self, fetch_manifest, ApprovalPolicy, DiscoveryError, LoadedToolset, PolicyPatch, StoredToolset,
 };
 
 /// A registered toolset as the API shows it: what it holds, and which of
@@ -137,7 +137,7 @@ impl Engine {
         &self,
         name: &str,
         version: Option<&Version>,
-        patch: &ApprovalPolicy,
+        patch: &PolicyPatch,
     ) -> Result<Vec<RegisteredToolset>, Error> {
         let _writing = self.toolset_writes.lock().await;
         let targets: Vec<_> = self
@@ -147,7 +147,7 @@ impl Engine {
             .filter(|t| t.stored.name == name && version.is_none_or(|v| *v == t.stored.version))
             .collect();
         if targets.is_empty() {
-            return Err(Error::NotFound(format!("no toolset {name:?}")));
+            return Err(no_toolset(name, version));
         }
         // Every version checked before any is changed: a policy one of
         // them cannot take changes none.
@@ -176,7 +176,7 @@ impl Engine {
         let current = self
             .registry
             .get(name, version)
-            .ok_or_else(|| Error::NotFound(format!("no toolset {name:?}")))?;
+            .ok_or_else(|| no_toolset(name, version))?;
         let (url, manifest) = fetch_manifest(&self.client, &current.stored.url)
             .await
             .map_err(|e| match e {
@@ -233,7 +233,7 @@ impl Engine {
         let _writing = self.toolset_writes.lock().await;
         let removed = self.registry.remove(name, version);
         if removed.is_empty() {
-            return Err(Error::NotFound(format!("no toolset {name:?}")));
+            return Err(no_toolset(name, version));
         }
         for toolset in &removed {
             self.store
@@ -330,4 +330,12 @@ impl Engine {
 /// A toolset validated for installing.
 fn checked_toolset(stored: StoredToolset) -> Result<LoadedToolset, Error> {
     toolsets::validate(stored).map_err(|problems| Error::InvalidToolset(problems.join("; ")))
+}
+
+/// 404 for a toolset, naming the version asked for, if one was.
+fn no_toolset(name: &str, version: Option<&Version>) -> Error {
+    match version {
+        Some(version) => Error::NotFound(format!("no toolset {name:?} at version {version}")),
+        None => Error::NotFound(format!("no toolset {name:?}")),
+    }
 }

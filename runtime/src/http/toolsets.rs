@@ -13,7 +13,8 @@ use super::body::JsonBody;
 use super::{detached, ApiError, AppState};
 use crate::engine::RegisteredToolset;
 use crate::toolsets::{
-    cancel_subscription_schema, ApprovalMode, ApprovalPolicy, ToolPolicy, CANCEL_SUBSCRIPTION,
+    cancel_subscription_schema, ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy,
+    CANCEL_SUBSCRIPTION,
 };
 
 /// `POST /v1/toolsets`: where to fetch the manifest, under which version,
@@ -59,7 +60,7 @@ pub async fn set_policy(
     State(app): State<AppState>,
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-    JsonBody(patch): JsonBody<ApprovalPolicy>,
+    JsonBody(patch): JsonBody<PolicyPatch>,
 ) -> Result<Json<Value>, ApiError> {
     let version = version(&query)?;
     let (engine, n) = (app.engine.clone(), name.clone());

@@ -11,7 +11,9 @@ use ferry_proto::rap::Manifest;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{fetch_manifest, DiscoveryError};
-pub use policy::{ApprovalMode, ApprovalPolicy, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS};
+pub use policy::{
+    ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS,
+};
 pub use registry::{Registry, Resolved};
 pub use resolve::{OperationName, ResolveError};
 pub use validate::{check_arguments, validate, ArgumentErrors, LoadedToolset};

@@ -100,18 +100,62 @@ impl ApprovalPolicy {
         Ok(())
     }
 
-    /// Applies a change: fields present in `patch` replace these; per-tool
-    /// entries are merged.
-    pub fn apply(&mut self, patch: &ApprovalPolicy) {
-        if patch.approval.is_some() {
-            self.approval = patch.approval;
+    /// Applies a change as a JSON merge patch (RFC 7396): a field given
+    /// replaces this one, `null` removes it (back to the default), an
+    /// absent one is kept; per-tool entries merge the same way.
+    pub fn apply(&mut self, patch: &PolicyPatch) {
+        if let Some(approval) = patch.approval {
+            self.approval = approval;
         }
-        if patch.approval_timeout_secs.is_some() {
-            self.approval_timeout_secs = patch.approval_timeout_secs;
+        if let Some(secs) = patch.approval_timeout_secs {
+            self.approval_timeout_secs = secs;
         }
         for (name, tool) in &patch.tools {
-            self.tools.insert(name.clone(), tool.clone());
+            match tool {
+                Some(tool) => self.tools.insert(name.clone(), tool.clone()),
+                None => self.tools.remove(name),
+            };
         }
+    }
+}
+
+/// The body of `PATCH /v1/toolsets/{name}`: each field absent (kept),
+/// `null` (back to the default) or a value.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPatch {
+    #[serde(default, deserialize_with = "present")]
+    pub approval: Option<Option<ApprovalMode>>,
+    #[serde(default)]
+    pub tools: BTreeMap<String, Option<ToolPolicy>>,
+    #[serde(default, deserialize_with = "present")]
+    pub approval_timeout_secs: Option<Option<u64>>,
+}
+
+/// A field that is present: `null` is `Some(None)`, so that it can be told
+/// from an absent one (`None`, by `#[serde(default)]`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+impl PolicyPatch {
+    /// Checks that every tool the patch sets is in `manifest` (see
+    /// [`ApprovalPolicy::check_names`]); removing an entry needs no tool,
+    /// so one left by a tool its server dropped can be removed too.
+    pub fn check_names(&self, manifest: &Manifest) -> Result<(), String> {
+        let set = ApprovalPolicy {
+            tools: self
+                .tools
+                .iter()
+                .filter_map(|(name, tool)| Some((name.clone(), tool.clone()?)))
+                .collect(),
+            ..ApprovalPolicy::default()
+        };
+        set.check_names(manifest)
     }
 }
 
