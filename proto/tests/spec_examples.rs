@@ -213,12 +213,18 @@ fn subscription_event_flags_default_to_false() {
 
 #[test]
 fn bad_callbacks_are_named() {
-    let cases: [(&[u8], &str); 7] = [
+    let cases: [(&[u8], &str); 13] = [
         (b"{not json", "malformed JSON"),
         (b"[]", "string \"type\""),
         (br#"{"type":"tool_resultz","group_id":"g","id":"c","text":"t"}"#, "unknown callback type \"tool_resultz\""),
         (br#"{"type":"tool_result","group_id":"g","text":"t"}"#, "missing field `id`"),
-        (br#"{"type":"tool_result","group_id":"g","id":"c"}"#, "needs `text` or `content`"),
+        (br#"{"type":"tool_result","group_id":"g","id":"c"}"#, "needs `text`, or `content`"),
+        (br#"{"type":"tool_result","group_id":"g","id":"c","content":[]}"#, "at least one item"),
+        (br#"{"type":"tool_result","group_id":"g","id":"c","text":"t","display_as":[{"type":"diff","content":"not an object"}]}"#, "{path, patch}"),
+        (br#"{"type":"tool_result","group_id":"g","id":"c","text":"t","display_as":[{"type":"text"}]}"#, "display segment"),
+        (br#"{"type":"tool_result","group_id":"g","id":"c","text":"t","display_as":[{"type":"image","content":{"data":"x"}}]}"#, "display segment"),
+        (br#"{"type":"oauth","group_id":"g","id":"c","auth_url":"javascript:alert(1)"}"#, "`auth_url` must be"),
+        (br#"{"type":"oauth","group_id":"g","id":"c","auth_url":""}"#, "`auth_url` must be"),
         (br#"{"type":"user_choice","group_id":"g","id":"c","prompt":"p","choices":[],"default":0,"response_url":"u"}"#, "at least one"),
         (br#"{"type":"user_choice","group_id":"g","id":"c","prompt":"p","choices":["a"],"default":1,"response_url":"u"}"#, "valid index"),
     ];
@@ -229,6 +235,9 @@ fn bad_callbacks_are_named() {
             "{err} should mention {expected}"
         );
     }
+    // A segment type Ferry does not know is kept as it came.
+    let chart = br#"{"type":"tool_result","group_id":"g","id":"c","text":"t","display_as":[{"type":"chart","content":[1,2]}]}"#;
+    assert!(Callback::from_slice(chart).is_ok());
     assert!(matches!(
         Callback::from_slice(br#"{"type":"nope"}"#),
         Err(CallbackError::UnknownType(t)) if t == "nope"

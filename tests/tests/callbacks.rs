@@ -200,6 +200,28 @@ async fn forged_mismatched_and_unknown_callbacks_record_nothing() {
             400,
             "invalid_callback",
         ),
+        (
+            "oauth with a script for its link",
+            url_a.clone(),
+            json!({"type": "oauth", "group_id": "g", "id": "a", "auth_url": "javascript:alert(1)"}),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "tool_result with no content items and no text",
+            url_a.clone(),
+            json!({"type": "tool_result", "group_id": "g", "id": "a", "content": []}),
+            400,
+            "invalid_callback",
+        ),
+        (
+            "a diff display segment that is not {path, patch}",
+            url_a.clone(),
+            json!({"type": "tool_result", "group_id": "g", "id": "a", "text": "t",
+                   "display_as": [{"type": "diff", "content": "not an object"}]}),
+            400,
+            "invalid_callback",
+        ),
     ];
     for (what, url, body, status, code) in cases {
         let raw = match &body {

@@ -336,6 +336,26 @@ async fn a_non_object_input_schema_invalidates_the_toolset() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_schema_whose_type_is_not_object_invalidates_the_toolset() {
+    // rap-1: `arguments` is an object, so a tool whose schema admits no
+    // object could never be called.
+    for schema in [
+        json!({"type": "string"}),
+        json!({"type": ["array", "null"]}),
+    ] {
+        let message = invalid_document_registers_nothing(json!({
+            "name": "Bad",
+            "tools": [ok_tool(), {"name": "scalar", "description": "d", "inputSchema": schema}]
+        }))
+        .await;
+        assert!(
+            message.contains("scalar") && message.contains("object"),
+            "{message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_endpoint_that_is_not_a_url_invalidates_the_toolset() {
     // rap-3: "`endpoint` (required, a valid URL; invocations go there)".
     let message = invalid_document_registers_nothing(json!({

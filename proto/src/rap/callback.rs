@@ -33,6 +33,18 @@ pub enum CallbackError {
 }
 
 /// `http://host…` or `https://host…`, with no whitespace.
+/// A segment that names a type Ferry knows but did not parse as one: kept
+/// as `Other`, it would be served under that type with the wrong shape.
+fn malformed_known(segment: &DisplaySegment) -> bool {
+    match segment {
+        DisplaySegment::Known(_) => false,
+        DisplaySegment::Other(value) => matches!(
+            value.get("type").and_then(Value::as_str),
+            Some("text" | "diff" | "image")
+        ),
+    }
+}
+
 fn is_http_url(url: &str) -> bool {
     let rest = url
         .strip_prefix("https://")
@@ -70,14 +82,25 @@ impl Callback {
         Ok(callback)
     }
 
-    /// Rules serde cannot express: a `tool_result` carries `text` or
-    /// `content`; a `user_choice` has a choice, a valid default, and an
-    /// http(s) `response_url` (an answer for any other could never be
-    /// delivered).
+    /// Rules serde cannot express: a `tool_result` carries `text` or some
+    /// `content`, and its display segments of a known type have that
+    /// type's content; an `oauth` link and a `user_choice`'s
+    /// `response_url` are http(s) URLs (a UI shows the one as a link, and
+    /// an answer to any other could never be delivered); a `user_choice`
+    /// has a choice and a valid default.
     fn check(&self) -> Result<(), &'static str> {
         match self {
-            Callback::ToolResult(r) if r.text.is_none() && r.content.is_none() => {
-                Err("a tool_result needs `text` or `content`")
+            Callback::ToolResult(r)
+                if r.text.is_none() && r.content.as_ref().is_none_or(Vec::is_empty) =>
+            {
+                Err("a tool_result needs `text`, or `content` with at least one item")
+            }
+            Callback::ToolResult(r) if r.display_as.iter().flatten().any(malformed_known) => Err(
+                "a display segment of type text, diff or image needs that type's content: \
+                 a string, {path, patch}, or {data, mediaType}",
+            ),
+            Callback::OAuth(o) if !is_http_url(&o.auth_url) => {
+                Err("`auth_url` must be an http:// or https:// URL")
             }
             Callback::UserChoice(c) if c.choices.is_empty() => {
                 Err("`choices` needs at least one entry")

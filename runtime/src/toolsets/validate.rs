@@ -74,6 +74,15 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
             ));
             continue;
         }
+        if !allows_objects(&tool.input_schema) {
+            // Arguments are an object (rap-1): such a tool could never be
+            // called.
+            problems.push(format!(
+                "tool {:?}: inputSchema must describe an object (its \"type\" leaves out \"object\")",
+                tool.name
+            ));
+            continue;
+        }
         match jsonschema::validator_for(&tool.input_schema) {
             Ok(v) => {
                 validators.insert(tool.name.clone(), Arc::new(v));
@@ -88,6 +97,16 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
         Ok(LoadedToolset { stored, validators })
     } else {
         Err(problems)
+    }
+}
+
+/// Whether a schema's top-level `type`, if it has one, admits an object.
+fn allows_objects(schema: &Value) -> bool {
+    match schema.get("type") {
+        None => true,
+        Some(Value::String(t)) => t == "object",
+        Some(Value::Array(types)) => types.iter().any(|t| t == "object"),
+        Some(_) => false,
     }
 }
 
