@@ -549,6 +549,23 @@ async fn health_metrics_and_unknown_routes() {
     assert_eq!(accepted, Some(1.0), "{metrics}");
     let callbacks = sample(&metrics, "ferry_callbacks_total", "tool_result");
     assert!(callbacks.is_some_and(|n| n >= 1.0), "{metrics}");
+    // Refused callbacks are counted too: a forged token (its body never
+    // read) as `unknown`, a refused body by the type it names.
+    let (status, _) = api.post("/v1/callbacks/forged", &json!({})).await;
+    assert_eq!(status, 403);
+    let invocation = dispatched(&api, &tool, "g", "c2").await;
+    let wrong_thread = json!({"type": "tool_result", "group_id": "other", "id": "c2", "text": "x"});
+    assert_eq!(
+        api.post(&invocation.callback_url, &wrong_thread).await.0,
+        403
+    );
+    let metrics = self::metrics(&api).await;
+    let rejected = |kind: &str| {
+        let label = format!("type=\"{kind}\",outcome=\"rejected\"");
+        sample(&metrics, "ferry_callbacks_total", &label)
+    };
+    assert_eq!(rejected("unknown"), Some(1.0), "{metrics}");
+    assert_eq!(rejected("tool_result"), Some(1.0), "{metrics}");
     // "a histogram of dispatch latency" (issue 2): buckets, not quantiles.
     let latency = "ferry_dispatch_latency_seconds";
     assert!(
@@ -556,7 +573,7 @@ async fn health_metrics_and_unknown_routes() {
         "{metrics}"
     );
     let all = sample(&metrics, &format!("{latency}_bucket"), "le=\"+Inf\"");
-    assert_eq!(all, Some(1.0), "{metrics}");
+    assert_eq!(all, Some(2.0), "two dispatches: {metrics}");
 
     refused(&api.get("/v1/nowhere").await, 404, "not_found");
     refused(&api.get("/v1/threads/g/nowhere").await, 404, "not_found");

@@ -18,12 +18,21 @@ impl Engine {
         let (kind, outcome) = match &result {
             Ok((kind, outcome)) => (*kind, outcome.name()),
             Err(e) => {
-                warn!(error = %e, "callback refused");
-                ("unknown", "rejected")
+                let kind = named_type(body);
+                warn!(kind, error = %e, "callback refused");
+                (kind, "rejected")
             }
         };
         ::metrics::counter!(metrics::CALLBACKS, "type" => kind, "outcome" => outcome).increment(1);
         result.map(|(_, outcome)| outcome)
+    }
+
+    /// Counts and logs a callback refused for its token before its body was
+    /// read (403): someone probing callback URLs shows in both.
+    pub fn forged_callback(&self) {
+        warn!(error = %Error::Forged, "callback refused");
+        ::metrics::counter!(metrics::CALLBACKS, "type" => "unknown", "outcome" => "rejected")
+            .increment(1);
     }
 
     /// Authenticates the token and parses the body, checking it names what
@@ -169,4 +178,21 @@ fn status_label(status: CallStatus) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// The callback type a refused body names, if it is one of RAP's, for the
+/// metrics label; `unknown` otherwise (only refusals pay for this parse).
+fn named_type(body: &[u8]) -> &'static str {
+    #[derive(serde::Deserialize)]
+    struct Tagged {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    let named = serde_json::from_slice::<Tagged>(body)
+        .ok()
+        .and_then(|t| t.kind);
+    Callback::TYPES
+        .into_iter()
+        .find(|k| named.as_deref() == Some(*k))
+        .unwrap_or("unknown")
 }

@@ -39,6 +39,7 @@ pub async fn receive(
     let limit = app.engine.config().max_body_bytes;
     if !app.engine.is_genuine(&token) {
         let _ = read_body(request, limit, false).await;
+        app.engine.forged_callback();
         return Err(crate::engine::Error::Forged.into());
     }
     // A genuine token's oversized body is read through for its call.
