@@ -35,10 +35,7 @@ pub fn reviewer_reads_as(reviewer: &str, name: &str) -> bool {
 fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
     let grant = crate::thread::GRANT_REVIEWER_PREFIX;
     let normalized = reviewer.trim().to_ascii_lowercase();
-    if normalized.is_empty()
-        || reviewer_reads_as(reviewer, TIMEOUT_REVIEWER)
-        || normalized.starts_with(grant)
-    {
+    if normalized.is_empty() || normalized == TIMEOUT_REVIEWER || normalized.starts_with(grant) {
         return Some(format!(
             "reviewer {reviewer:?} is empty or reserved (\"{TIMEOUT_REVIEWER}\" and \"{grant}…\" are Ferry's own)"
         ));

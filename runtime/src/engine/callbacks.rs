@@ -181,16 +181,9 @@ fn status_label(status: CallStatus) -> String {
 }
 
 /// The callback type a refused body names, if it is one of RAP's, for the
-/// metrics label; `unknown` otherwise (only refusals pay for this parse).
+/// metrics label; `unknown` otherwise (only refusals pay for this read).
 fn named_type(body: &[u8]) -> &'static str {
-    #[derive(serde::Deserialize)]
-    struct Tagged {
-        #[serde(rename = "type")]
-        kind: Option<String>,
-    }
-    let named = serde_json::from_slice::<Tagged>(body)
-        .ok()
-        .and_then(|t| t.kind);
+    let named = Peek::of(body).kind;
     Callback::TYPES
         .into_iter()
         .find(|k| named.as_deref() == Some(*k))

@@ -89,15 +89,7 @@ impl ApprovalPolicy {
     /// dropped, and it is kept (it applies again if the tool comes back,
     /// rather than leave that tool ungated) without refusing the refresh.
     pub fn check_names(&self, manifest: &Manifest) -> Result<(), String> {
-        for name in self.tools.keys() {
-            if !manifest.tools.iter().any(|t| &t.name == name) {
-                return Err(format!(
-                    "the policy names tool {name:?}, which toolset {:?} does not have",
-                    manifest.name
-                ));
-            }
-        }
-        Ok(())
+        check_tool_names(self.tools.keys(), manifest)
     }
 
     /// Applies a change as a JSON merge patch (RFC 7396): a field given
@@ -147,15 +139,25 @@ impl PolicyPatch {
     /// [`ApprovalPolicy::check_names`]); removing an entry needs no tool,
     /// so one left by a tool its server dropped can be removed too.
     pub fn check_names(&self, manifest: &Manifest) -> Result<(), String> {
-        let set = ApprovalPolicy {
-            tools: self
-                .tools
-                .iter()
-                .filter_map(|(name, tool)| Some((name.clone(), tool.clone()?)))
-                .collect(),
-            ..ApprovalPolicy::default()
-        };
-        set.check_names(manifest)
+        let set = self.tools.iter().filter(|(_, tool)| tool.is_some());
+        check_tool_names(set.map(|(name, _)| name), manifest)
+    }
+}
+
+/// Refuses the first of `names` that is not a tool of `manifest`.
+fn check_tool_names<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    manifest: &Manifest,
+) -> Result<(), String> {
+    match names
+        .into_iter()
+        .find(|name| !manifest.tools.iter().any(|t| &t.name == *name))
+    {
+        Some(name) => Err(format!(
+            "the policy names tool {name:?}, which toolset {:?} does not have",
+            manifest.name
+        )),
+        None => Ok(()),
     }
 }
 
