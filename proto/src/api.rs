@@ -179,6 +179,16 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         after_result: bool,
     },
+    /// An attempt to dispatch the call failed in a way worth retrying (a
+    /// 5xx, a 429, no connection): Ferry tries again in `retry_in_ms`.
+    /// `attempts` counts the attempts made so far, so the bound on them
+    /// holds across restarts.
+    DispatchRetrying {
+        attempts: u32,
+        /// What went wrong, safe to show (no internals).
+        reason: String,
+        retry_in_ms: u64,
+    },
     /// The call's outcome. `origin` is `tool` for a result the tool sent and
     /// `ferry` for a failure Ferry recorded (dispatch failed, call lost).
     ToolResult {
@@ -350,9 +360,10 @@ pub enum ResultOrigin {
 
 impl EventKind {
     /// Every `type` tag, in declaration order: what a reader may filter on.
-    pub const NAMES: [&'static str; 16] = [
+    pub const NAMES: [&'static str; 17] = [
         "call_accepted",
         "call_dispatched",
+        "dispatch_retrying",
         "tool_result",
         "subscription_event",
         "oauth",
@@ -374,6 +385,7 @@ impl EventKind {
         match self {
             Self::CallAccepted { .. } => "call_accepted",
             Self::CallDispatched { .. } => "call_dispatched",
+            Self::DispatchRetrying { .. } => "dispatch_retrying",
             Self::ToolResult { .. } => "tool_result",
             Self::SubscriptionEvent { .. } => "subscription_event",
             Self::OAuth { .. } => "oauth",

@@ -1267,6 +1267,48 @@ async fn the_single_node_bad_inputs_hold_on_every_node() {
 /// Workers retry as a single process does: a tool answering 500 twice and
 /// then 200 is dispatched with `attempts: 3`; a tool that refuses
 /// connections ends its call failed, with a text starting `Error: `.
+/// A worker killed while a call waits to retry: the worker that takes the
+/// work over counts the attempts recorded before, so the tool sees
+/// `--max-attempts` in all.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_attempt_bound_holds_when_the_retrying_worker_dies() {
+    let nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let a = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    })
+    .await;
+    let bound = ["--max-attempts", "3"];
+    let mut first = FerryWorker::start_with(&nats.url(), &a.url, &bound).await;
+    let api = a.api();
+    let failing = ferry_tests::Ack::Status(503);
+    tool.plan(&[
+        failing,
+        ferry_tests::Ack::RetryAfter(503, 120),
+        failing,
+        failing,
+        failing,
+    ]);
+    let (status, body) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    assert!(status < 300, "{body}");
+    api.wait_event("g", 0, |e| {
+        e["type"] == "dispatch_retrying" && e["payload"]["attempts"] == 2
+    })
+    .await;
+    first.kill9();
+    // The work comes back to a second worker after its ack deadline.
+    let _second = FerryWorker::start_with(&nats.url(), &a.url, &bound).await;
+    let failed = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        failed["payload"]["text"],
+        "Error: the tool kept failing (HTTP 503) after 3 attempts"
+    );
+    assert_eq!(tool.invocations().len(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn workers_retry_and_give_up_like_a_single_process() {
     let nats = Nats::start().await;
@@ -1289,6 +1331,14 @@ async fn workers_retry_and_give_up_like_a_single_process() {
     let dispatched = api.wait_for("g", "flaky", "call_dispatched").await;
     assert_eq!(dispatched["payload"]["attempts"], 3, "{dispatched}");
     assert_eq!(tool.invocations().len(), 3);
+    let retried: Vec<_> = api
+        .events("g", 0)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "dispatch_retrying")
+        .map(|e| e["payload"]["attempts"].clone())
+        .collect();
+    assert_eq!(retried, [json!(1), json!(2)]);
 
     gone.stop();
     let (status, body) = api

@@ -29,6 +29,28 @@ async fn a_tool_answering_500_twice_then_200_is_dispatched_on_the_third_attempt(
     }
     let dispatched = api.wait_for("g", "c", "call_dispatched").await;
     assert_eq!(dispatched["payload"]["attempts"], 3);
+    // Each failed attempt is in the log, before the acknowledgement.
+    let retries: Vec<_> = api
+        .events("g", 0)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "dispatch_retrying")
+        .map(|e| {
+            assert!(e["seq"].as_u64() < dispatched["seq"].as_u64(), "{e}");
+            assert!(e["payload"]["retry_in_ms"].as_u64().is_some(), "{e}");
+            (
+                e["payload"]["attempts"].clone(),
+                e["payload"]["reason"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        retries,
+        [
+            (json!(1), json!("the tool answered HTTP 500")),
+            (json!(2), json!("the tool answered HTTP 500")),
+        ]
+    );
     let (_, call) = api.call("g", "c").await;
     assert_eq!(
         (call["status"].as_str(), call["attempts"].as_u64()),
@@ -135,6 +157,74 @@ async fn exhausted_5xx_retries_fail_the_call() {
         "Error: the tool kept failing (HTTP 503) after 3 attempts"
     );
     assert_eq!(tool.invocations().len(), 3);
+}
+
+/// A call waiting to retry shows the attempts made so far, and why it
+/// waits: an agent polling it is not told `attempts: 0`.
+#[tokio::test]
+async fn a_call_waiting_to_retry_shows_its_attempts_and_why() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[Ack::RetryAfter(503, 60)]);
+    let ferry = ferry_with(&tool, &[]).await;
+    let api = ferry.api();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    let retry = api.wait_for("g", "c", "dispatch_retrying").await;
+    assert_eq!(
+        retry["payload"],
+        json!({"attempts": 1, "reason": "the tool answered HTTP 503", "retry_in_ms": 60_000})
+    );
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(
+        (call["status"].as_str(), call["attempts"].as_u64()),
+        (Some("queued"), Some(1))
+    );
+    // A tool that cannot be reached says so (no address, no OS error).
+    tool.stop();
+    api.submit(json!({"operation": "op", "arguments": {}, "group_id": "h", "id": "d"}))
+        .await;
+    let retry = api.wait_for("h", "d", "dispatch_retrying").await;
+    assert_eq!(retry["payload"]["reason"], "the tool could not be reached");
+}
+
+/// The bound on attempts holds across a crash: attempts recorded before a
+/// kill -9 count after the restart, so the tool sees `--max-attempts` in
+/// all, not that many more.
+#[tokio::test]
+async fn the_attempt_bound_holds_across_kill_9() {
+    let tool = TestTool::start("t", &["op"]).await;
+    tool.plan(&[
+        Ack::Status(503),
+        Ack::RetryAfter(503, 60),
+        Ack::Status(503),
+        Ack::Status(503),
+        Ack::Status(503),
+    ]);
+    let mut ferry = ferry_with(
+        &tool,
+        &["--max-attempts", "3", "--initial-backoff-ms", "10"],
+    )
+    .await;
+    ferry
+        .api()
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    // Two attempts made and recorded; the call waits out the Retry-After.
+    ferry
+        .api()
+        .wait_event("g", 0, |e| {
+            e["type"] == "dispatch_retrying" && e["payload"]["attempts"] == 2
+        })
+        .await;
+    ferry.restart().await;
+    let api = ferry.api();
+    let result = api.wait_for("g", "c", "tool_result").await;
+    assert_eq!(
+        result["payload"]["text"],
+        "Error: the tool kept failing (HTTP 503) after 3 attempts"
+    );
+    assert_eq!(tool.invocations().len(), 3);
+    assert_eq!(api.call("g", "c").await.1["attempts"], 3);
 }
 
 #[tokio::test]

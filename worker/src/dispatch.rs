@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::metrics::record_attempt;
+use crate::Outcomes;
 
 /// The longest `Retry-After` honoured.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -78,6 +79,9 @@ pub enum Failure {
     Unreachable { attempts: u32 },
     #[error("Error: the tool kept failing (HTTP {status}) after {attempts} attempts")]
     Exhausted { status: u16, attempts: u32 },
+    /// Resumed after a restart with no attempt left.
+    #[error("Error: the tool did not acknowledge the call in {attempts} attempts")]
+    OutOfAttempts { attempts: u32 },
     /// The call was cancelled or answered meanwhile; nothing to record.
     #[error("the call no longer waits for dispatch")]
     NotWanted { attempts: u32 },
@@ -89,6 +93,7 @@ impl Failure {
             Failure::Refused { attempts, .. }
             | Failure::Unreachable { attempts }
             | Failure::Exhausted { attempts, .. }
+            | Failure::OutOfAttempts { attempts }
             | Failure::NotWanted { attempts } => *attempts,
         }
     }
@@ -97,7 +102,7 @@ impl Failure {
         match self {
             Failure::Refused { .. } => "refused",
             Failure::Unreachable { .. } => "unreachable",
-            Failure::Exhausted { .. } => "exhausted",
+            Failure::Exhausted { .. } | Failure::OutOfAttempts { .. } => "exhausted",
             Failure::NotWanted { .. } => "not_wanted",
         }
     }
@@ -243,20 +248,21 @@ impl Dispatcher {
         }
     }
 
-    /// Dispatches until acknowledged, refused, or out of attempts. `wanted`
-    /// is asked before every attempt and every [`RECHECK`] of a wait, so a
-    /// cancelled call stops retrying and frees its thread soon.
+    /// Dispatches until acknowledged, refused, or out of attempts, counting
+    /// the attempts `outcomes` recorded before (a dispatch a crash
+    /// interrupted). `outcomes` is asked before every attempt and every
+    /// [`RECHECK`] of a wait whether the call is still wanted, so a
+    /// cancelled call stops retrying and frees its thread soon, and is told
+    /// of every failed attempt that will be retried.
     /// Returns the number of attempts made.
-    pub async fn dispatch<F, Fut>(
+    pub async fn dispatch(
         &self,
         endpoint: &str,
         invocation: &Invocation,
-        wanted: F,
-    ) -> Result<u32, Failure>
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = bool>,
-    {
+        outcomes: &dyn Outcomes,
+    ) -> Result<u32, Failure> {
+        let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
+        let wanted = || async move { outcomes.still_wanted(group_id, id).await.is_some() };
         let max = self.config.max_attempts.max(1);
         let mut policy = ExponentialBackoffBuilder::new()
             .with_initial_interval(self.config.initial_backoff)
@@ -269,8 +275,14 @@ impl Dispatcher {
                 // Taken before asking: the wait for a slot may be long, and
                 // a call cancelled meanwhile must not be sent.
                 let _slot = self.in_flight.acquire().await.expect("never closed");
-                if !wanted().await {
-                    return Err(Failure::NotWanted { attempts });
+                match outcomes.still_wanted(group_id, id).await {
+                    None => return Err(Failure::NotWanted { attempts }),
+                    Some(recorded) => attempts = attempts.max(recorded),
+                }
+                if attempts >= max {
+                    // Only when resumed: the attempts before the crash used
+                    // the bound up.
+                    return Err(Failure::OutOfAttempts { attempts });
                 }
                 attempts += 1;
                 let (status, retry_after) = match self.attempt(endpoint, invocation).await {
@@ -300,10 +312,18 @@ impl Dispatcher {
                 }
                 // Honour the tool's Retry-After, bounded so a broken header
                 // cannot park the call for hours.
-                match retry_after {
+                let wait = match retry_after {
                     Some(asked) => asked.min(MAX_RETRY_AFTER),
                     None => policy.next_backoff().unwrap_or(self.config.max_backoff),
-                }
+                };
+                let reason = match status {
+                    Some(status) => format!("the tool answered HTTP {status}"),
+                    None => "the tool could not be reached".to_owned(),
+                };
+                outcomes
+                    .retrying(group_id, id, attempts, reason, wait)
+                    .await;
+                wait
             };
             if !wait_while_wanted(wait, &wanted).await {
                 return Err(Failure::NotWanted { attempts });
@@ -391,6 +411,47 @@ mod tests {
         }
     }
 
+    /// What a runtime recorded about one call, for the dispatcher alone.
+    struct Recorded(u32);
+
+    #[async_trait::async_trait]
+    impl Outcomes for Recorded {
+        async fn still_wanted(&self, _: &str, _: &str) -> Option<u32> {
+            Some(self.0)
+        }
+        async fn retrying(&self, _: &str, _: &str, _: u32, _: String, _: Duration) {
+            panic!("no attempt may be made");
+        }
+        async fn acknowledged(&self, _: &str, _: &str, _: u32) -> bool {
+            unreachable!()
+        }
+        async fn gave_up(&self, _: &str, _: &str, _: u32, _: String) -> bool {
+            unreachable!()
+        }
+    }
+
+    /// A dispatch resumed with the bound already used up (a lower
+    /// `--max-attempts` after a restart) gives up without sending.
+    #[tokio::test]
+    async fn a_resumed_dispatch_with_no_attempt_left_gives_up_at_once() {
+        let config = DispatchConfig {
+            max_attempts: 3,
+            ..DispatchConfig::default()
+        };
+        let dispatcher = Dispatcher::new(reqwest::Client::new(), config);
+        let invocation: Invocation = serde_json::from_value(serde_json::json!({
+            "operation": "op", "arguments": {}, "group_id": "g", "id": "c",
+            "callback_url": "http://127.0.0.1:9/cb",
+        }))
+        .unwrap();
+        // Port 9 refuses connections: an attempt would be retried.
+        let failed = dispatcher
+            .dispatch("http://127.0.0.1:9/invoke", &invocation, &Recorded(4))
+            .await;
+        assert_eq!(failed, Err(Failure::OutOfAttempts { attempts: 4 }));
+        assert!(failed.unwrap_err().to_string().starts_with("Error: "));
+    }
+
     #[test]
     fn failure_texts_are_errors_for_the_model() {
         for f in [
@@ -399,6 +460,7 @@ mod tests {
                 attempts: 1,
             },
             Failure::Unreachable { attempts: 3 },
+            Failure::OutOfAttempts { attempts: 5 },
             Failure::Exhausted {
                 status: 503,
                 attempts: 3,

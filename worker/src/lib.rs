@@ -11,7 +11,7 @@ pub mod metrics;
 mod notify;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ferry_proto::bus::Work;
@@ -25,8 +25,22 @@ pub use notify::{CallLiveness, ChoiceDelivery, Notifier};
 #[async_trait]
 pub trait Outcomes: Send + Sync + 'static {
     /// Whether the call still waits to be dispatched (not cancelled, not
-    /// already answered). Asked before every attempt.
-    async fn still_wanted(&self, group_id: &str, id: &str) -> bool;
+    /// already answered): `None` when it does not, otherwise the attempts
+    /// recorded for it so far (a dispatch a crash interrupted made them),
+    /// which count against the bound. Asked before every attempt.
+    async fn still_wanted(&self, group_id: &str, id: &str) -> Option<u32>;
+    /// Attempt number `attempts` failed for `reason` (safe to show); the
+    /// next one follows in `wait`. Recording it is best effort: a report
+    /// lost in a crash only lets the call's attempts count again from the
+    /// last one recorded.
+    async fn retrying(
+        &self,
+        group_id: &str,
+        id: &str,
+        attempts: u32,
+        reason: String,
+        wait: Duration,
+    );
     /// The tool acknowledged with 200 after `attempts` attempts. Returns
     /// whether that is recorded (false: the store could not be reached).
     async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool;
@@ -66,13 +80,10 @@ impl Worker {
     async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) -> bool {
         let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
         let started = Instant::now();
-        let outcomes = self.outcomes.clone();
-        let wanted = move || {
-            let outcomes = outcomes.clone();
-            let (g, i) = (group_id.to_owned(), id.to_owned());
-            async move { outcomes.still_wanted(&g, &i).await }
-        };
-        let result = self.dispatcher.dispatch(endpoint, invocation, wanted).await;
+        let result = self
+            .dispatcher
+            .dispatch(endpoint, invocation, self.outcomes.as_ref())
+            .await;
         let elapsed = started.elapsed().as_secs_f64();
         match result {
             Ok(attempts) => {

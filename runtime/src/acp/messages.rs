@@ -59,6 +59,13 @@ pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>)
             after_result: true, ..
         } => None,
         EventKind::CallDispatched { .. } => update(status("in_progress")),
+        // Still `pending`: the tool has not taken the call yet.
+        EventKind::DispatchRetrying {
+            attempts, reason, ..
+        } => update(with_text(
+            status("pending"),
+            format!("Attempt {attempts} failed ({reason}); retrying."),
+        )),
         EventKind::ToolResult {
             text,
             content,

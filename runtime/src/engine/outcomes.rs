@@ -1,6 +1,8 @@
 //! The engine as the worker's [`Outcomes`]: dispatch results go through the
 //! state machine like everything else.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use ferry_worker::Outcomes;
 use tracing::warn;
@@ -10,13 +12,34 @@ use crate::thread::Command;
 
 #[async_trait]
 impl Outcomes for Engine {
-    async fn still_wanted(&self, group_id: &str, id: &str) -> bool {
+    async fn still_wanted(&self, group_id: &str, id: &str) -> Option<u32> {
         match self.store.call(group_id, id).await {
-            Ok(Some(call)) => call.awaits_dispatch(),
-            Ok(None) => false,
+            Ok(Some(call)) => call.awaits_dispatch().then_some(call.attempts),
+            Ok(None) => None,
             // When in doubt, dispatch: the tool may see a call twice, the
             // agent never sees two results (invariant 4).
-            Err(_) => true,
+            Err(_) => Some(0),
+        }
+    }
+
+    async fn retrying(
+        &self,
+        group_id: &str,
+        id: &str,
+        attempts: u32,
+        reason: String,
+        wait: Duration,
+    ) {
+        let command = Command::DispatchRetrying {
+            id: id.into(),
+            attempts,
+            reason,
+            retry_in_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        };
+        if let Err(e) = self.record(group_id, command).await {
+            if !matches!(e, Error::Rejected(_)) {
+                warn!(group_id, call_id = id, error = %e, "could not record a retry");
+            }
         }
     }
 

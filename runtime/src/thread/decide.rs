@@ -34,6 +34,15 @@ pub enum Command {
         id: String,
         attempts: u32,
     },
+    /// An attempt failed in a way worth retrying; the `attempts` made so
+    /// far are recorded, so a dispatch resumed after a crash keeps to the
+    /// same bound.
+    DispatchRetrying {
+        id: String,
+        attempts: u32,
+        reason: String,
+        retry_in_ms: u64,
+    },
     /// Dispatch gave up; `text` starts with `Error: `.
     DispatchFailed {
         id: String,
@@ -118,6 +127,7 @@ impl Command {
             Command::Resubmit { id, .. } => vec![id],
             Command::CancelSubscriptionTool { call, target } => vec![&call.id, target],
             Command::DispatchAcked { id, .. }
+            | Command::DispatchRetrying { id, .. }
             | Command::DispatchFailed { id, .. }
             | Command::ResultRefused { id, .. }
             | Command::Cancel { id }
@@ -265,6 +275,29 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                         after_result: call.result.is_some(),
                     },
                 )]),
+            })
+        }
+        Command::DispatchRetrying {
+            id,
+            attempts,
+            reason,
+            retry_in_ms,
+        } => {
+            let call = existing(state, id)?;
+            Ok(if !call.awaits_dispatch() {
+                Decision::nothing(Outcome::Ignored)
+            } else if call.attempts >= *attempts {
+                // A redelivered dispatch's report, or an older one's.
+                Decision::nothing(Outcome::Duplicate)
+            } else {
+                Decision::applied(vec![Change::of(
+                    id,
+                    EventKind::DispatchRetrying {
+                        attempts: *attempts,
+                        reason: reason.clone(),
+                        retry_in_ms: *retry_in_ms,
+                    },
+                )])
             })
         }
         Command::DispatchFailed { id, attempts, text } => {

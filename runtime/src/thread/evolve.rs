@@ -88,6 +88,10 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                         other => other,
                     }
                 }
+                EventKind::DispatchRetrying { attempts, .. } => {
+                    call.attempts = *attempts;
+                    call.status
+                }
                 EventKind::ToolResult {
                     text,
                     content,

@@ -51,7 +51,8 @@ pub struct CallRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<ToolTarget>,
     pub status: CallStatus,
-    /// Dispatch attempts made until the tool acknowledged (or Ferry gave up).
+    /// Dispatch attempts made: so far while it retries, then until the tool
+    /// acknowledged (or Ferry gave up).
     pub attempts: u32,
     pub accepted_seq: u64,
     pub created_at: String,

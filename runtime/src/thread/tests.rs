@@ -1138,3 +1138,54 @@ fn a_new_question_drops_what_the_last_one_left() {
     assert_eq!(status(&state, "u"), CallStatus::AwaitingAuth);
     assert_eq!(state.calls["u"].choice, None);
 }
+
+#[test]
+fn retries_are_recorded_once_each_and_only_while_the_call_waits_for_dispatch() {
+    let retry = |id: &str, attempts| Command::DispatchRetrying {
+        id: id.into(),
+        attempts,
+        reason: "the tool answered HTTP 503".into(),
+        retry_in_ms: 200,
+    };
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (retry("c", 1), Ok(&["dispatch_retrying"])),
+        // A redelivered report, or one older than what is recorded.
+        (retry("c", 1), Ok(&[])),
+        (retry("c", 2), Ok(&["dispatch_retrying"])),
+        (retry("c", 1), Ok(&[])),
+        (
+            retry("nobody", 1),
+            Err(Rejection::UnknownCall("nobody".into())),
+        ),
+    ]);
+    assert_eq!(status(&state, "c"), CallStatus::Queued);
+    assert_eq!(state.calls["c"].attempts, 2);
+    assert!(state.calls["c"].awaits_dispatch());
+    // Acknowledged on the third attempt: a late report of a retry changes
+    // nothing, nor does one after a cancel.
+    let state = check_more(
+        state,
+        vec![
+            (
+                Command::DispatchAcked {
+                    id: "c".into(),
+                    attempts: 3,
+                },
+                Ok(&["call_dispatched"]),
+            ),
+            (retry("c", 4), Ok(&[])),
+            (
+                Command::Submit(new_call("d", json!({}))),
+                Ok(&["call_accepted"]),
+            ),
+            (Command::Cancel { id: "d".into() }, Ok(&["call_cancelled"])),
+            (retry("d", 1), Ok(&[])),
+        ],
+    );
+    assert_eq!(state.calls["c"].attempts, 3);
+    assert_eq!(state.calls["d"].attempts, 0);
+}
