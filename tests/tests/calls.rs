@@ -92,6 +92,41 @@ async fn the_invocation_carries_the_rap_fields() {
     );
 }
 
+/// rap-1: "When the current thread has ancestor threads, the runtime
+/// SHOULD include thread_ancestors". The thread records them from its
+/// first call that names any; later calls that do not name them (or name
+/// others) are sent with the thread's.
+#[tokio::test]
+async fn later_calls_carry_the_ancestors_the_thread_recorded() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    let call = |id: &str| json!({"operation": "op", "arguments": {}, "group_id": "g", "id": id});
+    let mut first = call("first");
+    first["thread_ancestors"] = json!(["root", "parent"]);
+    let mut other = call("other");
+    other["thread_ancestors"] = json!(["elsewhere"]);
+    for body in [first, call("plain"), other] {
+        assert_eq!(api.submit(body).await.0, 202);
+    }
+    let expected = Some(vec!["root".to_owned(), "parent".to_owned()]);
+    for id in ["first", "plain", "other"] {
+        let sent = tool.next_invocation().await.invocation;
+        assert_eq!((sent.id.as_str(), &sent.thread_ancestors), (id, &expected));
+    }
+    // A root thread's calls still name none (RAP omits the field there).
+    assert_eq!(
+        api.submit(json!({"operation": "op", "arguments": {}, "group_id": "root", "id": "r"}))
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        tool.next_invocation().await.invocation.thread_ancestors,
+        None
+    );
+}
+
 #[tokio::test]
 async fn the_same_call_twice_dispatches_once_and_a_different_body_conflicts() {
     let tool = TestTool::start("t", &["op"]).await;

@@ -153,7 +153,9 @@ impl Engine {
                 // invariant 4), then refuse the repeat as before.
                 if let Some(call) = self.store.call(group_id, id).await? {
                     if call.status == CallStatus::Queued {
-                        self.enqueue(group_id, &call).await?;
+                        let thread = self.store.thread(group_id).await?;
+                        let ancestors = thread.and_then(|t| t.ancestors);
+                        self.enqueue(group_id, &call, ancestors.as_deref()).await?;
                     }
                 }
                 return Err(Error::Rejected(Rejection::NotPendingApproval {
@@ -176,7 +178,8 @@ impl Engine {
             if let Some(turn) = &executed.turn {
                 turn.come().await;
             }
-            self.enqueue(group_id, &call).await?;
+            let ancestors = executed.state.meta.ancestors.as_deref();
+            self.enqueue(group_id, &call, ancestors).await?;
         }
         Ok(call)
     }

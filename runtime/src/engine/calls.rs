@@ -152,7 +152,8 @@ impl Engine {
             // work for calls no longer queued (invariant 4 allows a tool to
             // see an id twice).
             if call.status == CallStatus::Queued && target.is_none() {
-                self.enqueue(&group_id, call).await?;
+                self.enqueue(&group_id, call, state.meta.ancestors.as_deref())
+                    .await?;
             }
             return Ok((Submitted::Existing, reply(&group_id, call)));
         }
@@ -171,7 +172,10 @@ impl Engine {
             }
         } else {
             match call.status {
-                CallStatus::Queued => self.enqueue(&group_id, call).await?,
+                CallStatus::Queued => {
+                    self.enqueue(&group_id, call, state.meta.ancestors.as_deref())
+                        .await?
+                }
                 CallStatus::PendingApproval => {
                     info!(tool = ?call.tool, deadline = call.approval_deadline.as_deref().unwrap_or(""), "approval requested");
                     self.arm(&group_id, call);
@@ -205,13 +209,22 @@ impl Engine {
         if call.status == CallStatus::Queued {
             // As for any retry: its first submission may have been cut
             // short before it reached the bus.
-            self.enqueue(&group_id, call).await?;
+            let ancestors = executed.state.meta.ancestors.as_deref();
+            self.enqueue(&group_id, call, ancestors).await?;
         }
         Ok((Submitted::Existing, reply(&group_id, call)))
     }
 
-    /// Hands a queued call to the workers.
-    pub(crate) async fn enqueue(&self, group_id: &str, call: &CallRecord) -> Result<(), Error> {
+    /// Hands a queued call to the workers. The invocation names the
+    /// thread's ancestors as the thread recorded them (from its first call
+    /// that named any: rap-1 asks for them whenever the thread has
+    /// ancestors), or else the call's own.
+    pub(crate) async fn enqueue(
+        &self,
+        group_id: &str,
+        call: &CallRecord,
+        thread_ancestors: Option<&[String]>,
+    ) -> Result<(), Error> {
         let Some(target) = &call.target else {
             return Ok(());
         };
@@ -223,7 +236,9 @@ impl Engine {
             call_id: call.submission.call_id.clone(),
             callback_url: format!("{}/v1/callbacks/{token}", self.config.public_url),
             group_id: group_id.to_owned(),
-            thread_ancestors: call.submission.thread_ancestors.clone(),
+            thread_ancestors: thread_ancestors
+                .map(<[String]>::to_vec)
+                .or_else(|| call.submission.thread_ancestors.clone()),
             user_id: call.submission.user_id.clone(),
         };
         self.bus

@@ -63,7 +63,9 @@ impl Engine {
         queued.sort_by(|(g1, c1), (g2, c2)| (g1, c1.accepted_seq).cmp(&(g2, c2.accepted_seq)));
         let requeued = queued.len();
         for (group_id, call) in &queued {
-            self.enqueue(group_id, call).await?;
+            let thread = self.store.thread(group_id).await?;
+            let ancestors = thread.and_then(|t| t.ancestors);
+            self.enqueue(group_id, call, ancestors.as_deref()).await?;
         }
         ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).set(subscribed as f64);
         info!(
