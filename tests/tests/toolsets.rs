@@ -523,6 +523,62 @@ async fn versions_of_a_toolset_live_side_by_side() {
     assert_eq!(ids, ["v1", "bare", "unversioned", "v2", "new"]);
 }
 
+/// A pre-release registered beside a release is tried by name
+/// (`@2.0.0-beta.1`), and does not take the calls that name no version;
+/// alone, it is the latest there is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pre_release_is_not_the_latest_while_a_release_is_registered() {
+    let tool = TestTool::start("Svc", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let register = |version: &'static str| {
+        let api = api.clone();
+        let url = tool.url.clone();
+        async move {
+            let (status, body) = api
+                .post("/v1/toolsets", &json!({"url": url, "version": version}))
+                .await;
+            assert_eq!(status, 201, "{body}");
+            body
+        }
+    };
+    let beta = register("2.0.0-beta.1").await;
+    assert_eq!(beta["available"], json!(["op"]), "alone, it is the latest");
+    let (_, shown) = api.get("/v1/toolsets/Svc").await;
+    assert_eq!(shown["latest"]["version"], "2.0.0-beta.1");
+
+    let release = register("1.4.0").await;
+    assert_eq!(release["available"], json!(["op"]));
+    let (_, shown) = api.get("/v1/toolsets/Svc").await;
+    assert_eq!(shown["latest"]["version"], "1.4.0");
+    assert_eq!(shown["versions"][1]["unavailable"][0]["tool"], "op");
+    for (id, operation, pinned) in [
+        ("bare", "op", "Svc.op@1.4.0"),
+        ("unversioned", "Svc.op", "Svc.op@1.4.0"),
+        ("beta", "Svc.op@2.0.0-beta.1", "Svc.op@2.0.0-beta.1"),
+    ] {
+        let (status, reply) = call(&api, "g", id, operation, json!({})).await;
+        assert_eq!(status, 202, "{operation}: {reply}");
+        assert_eq!(api.call("g", id).await.1["tool"], pinned, "{operation}");
+    }
+    // The tool list says which version a bare name reaches.
+    let (status, tools) = api.get("/v1/tools").await;
+    assert_eq!(status, 200);
+    let bare: Vec<_> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["toolset"] == "Svc")
+        .map(|t| {
+            (
+                t["version"].as_str().unwrap(),
+                t["bare_name_callable"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(bare, [("1.4.0", true), ("2.0.0-beta.1", false)]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn refresh_picks_up_a_changed_manifest() {
     let tool = TestTool::start("Live", &["one"]).await;

@@ -46,7 +46,7 @@ pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
         let latest = engine
             .toolset(&toolset.name)
             .ok()
-            .and_then(|v| v.last().map(|l| l.version.clone()));
+            .and_then(|v| crate::toolsets::latest(v.iter().map(|l| &l.version)).cloned());
         if latest.as_ref() != Some(&toolset.version) {
             continue;
         }

@@ -182,9 +182,8 @@ impl Index {
             .get(&(toolkit.to_owned(), tool.to_owned()))
             .ok_or_else(|| NotFound::Tool(name.to_owned()))?;
         let Some(v) = version else {
-            return versions
-                .values()
-                .next_back()
+            return crate::toolsets::latest(versions.keys())
+                .and_then(|v| versions.get(v))
                 .ok_or_else(|| NotFound::Tool(name.to_owned()));
         };
         let wanted = match v.parse::<u64>() {

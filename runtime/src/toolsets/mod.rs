@@ -33,6 +33,19 @@ pub struct StoredToolset {
     pub policy: ApprovalPolicy,
 }
 
+/// What "the latest version" means wherever a toolset's version is left
+/// out: the greatest release, or the greatest pre-release when only
+/// pre-releases are registered. A `2.0.0-beta` registered to try it out
+/// beside `1.4.0` must not take over every call that names no version
+/// (semver ranks it above `1.4.0`).
+pub fn latest<'a>(
+    versions: impl IntoIterator<Item = &'a semver::Version>,
+) -> Option<&'a semver::Version> {
+    versions
+        .into_iter()
+        .max_by(|a, b| (a.pre.is_empty(), *a).cmp(&(b.pre.is_empty(), *b)))
+}
+
 /// The name and schema of the built-in tool that cancels a subscription.
 pub const CANCEL_SUBSCRIPTION: &str = "cancel_subscription";
 
@@ -51,4 +64,31 @@ pub fn cancel_subscription_schema() -> serde_json::Value {
         "required": ["tool_call_id"],
         "additionalProperties": false
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::latest;
+    use semver::Version;
+
+    #[test]
+    fn the_latest_is_the_greatest_release_before_any_pre_release() {
+        let of = |versions: &[&str]| {
+            let parsed: Vec<Version> = versions
+                .iter()
+                .map(|v| Version::parse(v).unwrap())
+                .collect();
+            latest(&parsed).map(Version::to_string)
+        };
+        assert_eq!(
+            of(&["1.0.0", "2.0.0-beta.1", "1.4.0", "1.5.0-rc.1"]).as_deref(),
+            Some("1.4.0")
+        );
+        assert_eq!(
+            of(&["2.0.0-alpha", "2.0.0-beta"]).as_deref(),
+            Some("2.0.0-beta")
+        );
+        assert_eq!(of(&["1.0.0", "2.0.0"]).as_deref(), Some("2.0.0"));
+        assert_eq!(of(&[]), None);
+    }
 }

@@ -78,7 +78,7 @@ impl Registry {
         let versions = all.get(name)?;
         match version {
             Some(v) => versions.get(v).cloned(),
-            None => versions.values().next_back().cloned(),
+            None => versions.get(super::latest(versions.keys())?).cloned(),
         }
     }
 
@@ -96,9 +96,8 @@ impl Registry {
         let all = self.toolsets.read().expect("registry lock");
         all.iter()
             .filter(|(_, versions)| {
-                versions
-                    .values()
-                    .next_back()
+                super::latest(versions.keys())
+                    .and_then(|v| versions.get(v))
                     .is_some_and(|t| t.validators.contains_key(tool))
             })
             .map(|(name, _)| name.clone())
