@@ -135,6 +135,10 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
 #[tokio::test]
 async fn the_dashboard_is_served_from_the_binary() {
     let ferry = Ferry::start(FerryOptions::default()).await;
+    // With the trailing slash a browser may add, too.
+    let slashed = reqwest::get(format!("{}/ui/", ferry.url)).await.unwrap();
+    assert_eq!(slashed.status(), 200);
+    let slashed = slashed.text().await.unwrap();
     let response = reqwest::get(format!("{}/ui", ferry.url)).await.unwrap();
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"]
@@ -148,6 +152,7 @@ async fn the_dashboard_is_served_from_the_binary() {
         "frame-ancestors 'none'"
     );
     let html = response.text().await.unwrap();
+    assert_eq!(html, slashed);
     // Nothing loaded from elsewhere: it must work with no network but Ferry.
     assert!(
         !html.contains("http://") && !html.contains("https://"),

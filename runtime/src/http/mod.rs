@@ -209,6 +209,7 @@ pub fn router_with(
         )
         .route("/v1/callbacks/{token}", post(callbacks::receive))
         .route("/ui", get(ui::page))
+        .route("/ui/", get(ui::page))
         .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
         .fallback(ops::not_found)
