@@ -268,8 +268,12 @@ pub enum EventKind {
     /// The agent cancelled a pending call. (Variants without data are empty
     /// structs so that every event carries a `payload`, `{}` here.)
     CallCancelled {},
-    /// The subscription left the thread's active set.
-    SubscriptionCancelled {},
+    /// The subscription left the thread's active set: the agent cancelled
+    /// it, or (`reason` says so) Ferry did.
+    SubscriptionCancelled {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     ThreadClosed {},
 }
 
@@ -398,7 +402,7 @@ impl EventKind {
             Self::ChoiceDelivered {} => "choice_delivered",
             Self::ChoiceRefused { .. } => "choice_refused",
             Self::CallCancelled {} => "call_cancelled",
-            Self::SubscriptionCancelled {} => "subscription_cancelled",
+            Self::SubscriptionCancelled { .. } => "subscription_cancelled",
             Self::ThreadClosed {} => "thread_closed",
         }
     }
@@ -454,5 +458,20 @@ mod tests {
             let wire = serde_json::to_value(status).unwrap();
             assert_eq!(wire.as_str(), Some(status.to_string().as_str()));
         }
+    }
+
+    /// Logs written before `reason` existed hold `subscription_cancelled`
+    /// with an empty payload, as JSON and as MessagePack; both still read,
+    /// and an agent's cancel still writes `{}`.
+    #[test]
+    fn a_subscription_cancelled_without_a_reason_reads_and_writes_as_before() {
+        use super::EventKind;
+        let old = serde_json::json!({"type": "subscription_cancelled", "payload": {}});
+        let kind: EventKind = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(kind, EventKind::SubscriptionCancelled { reason: None });
+        assert_eq!(serde_json::to_value(&kind).unwrap(), old);
+        let packed = rmp_serde::to_vec_named(&old).unwrap();
+        let unpacked: EventKind = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(unpacked, kind);
     }
 }

@@ -578,6 +578,12 @@ async fn a_subscription_past_the_threads_bound_is_cancelled_at_once() {
     );
     let last: Vec<String> = api.types("g").await.into_iter().rev().take(2).collect();
     assert_eq!(last, ["subscription_cancelled", "tool_result"]);
+    // The agent reads why: nobody asked for this cancel.
+    let cancelled = api.wait_for("g", "over", "subscription_cancelled").await;
+    assert_eq!(
+        cancelled["payload"]["reason"],
+        format!("the thread already holds {bound} active subscriptions, the most it may")
+    );
     let (status, _) = api.post(&url, &event("g", "over", "tick", false)).await;
     assert_eq!(status, 410);
 }

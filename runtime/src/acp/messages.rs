@@ -102,7 +102,7 @@ pub fn message(event: &Event, annotations: &dyn Fn(&str) -> Option<Annotations>)
             }),
             text.clone(),
         )),
-        EventKind::SubscriptionCancelled {} => update(status("completed")),
+        EventKind::SubscriptionCancelled { .. } => update(status("completed")),
         EventKind::OAuth { auth_url } => update(with_text(
             status("in_progress"),
             format!("Authorization needed: open {auth_url}"),

@@ -139,7 +139,7 @@ impl Engine {
                         .increment(1);
                     info!(group_id, call_id = ?id, ?status, is_error, "call finished");
                 }
-                EventKind::SubscriptionCancelled {} => {
+                EventKind::SubscriptionCancelled { .. } => {
                     warn!(
                         group_id, call_id = ?id, limit = crate::thread::MAX_ACTIVE_SUBSCRIPTIONS,
                         "subscription refused: the thread holds as many active subscriptions as it may"

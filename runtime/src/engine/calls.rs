@@ -166,7 +166,7 @@ impl Engine {
             let did_cancel = decision
                 .changes
                 .iter()
-                .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled {}));
+                .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled { .. }));
             if did_cancel {
                 self.call_cancelled(&group_id, &cancelled);
             }
@@ -322,7 +322,7 @@ impl Engine {
             for event in &executed.events {
                 let ended = matches!(
                     event.kind,
-                    EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {}
+                    EventKind::CallCancelled {} | EventKind::SubscriptionCancelled { .. }
                 );
                 if let (true, Some(id)) = (ended, event.id.as_deref()) {
                     self.call_cancelled(group_id, id);

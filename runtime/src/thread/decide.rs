@@ -342,7 +342,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                 s if s.is_pending() || s == CallStatus::PendingApproval => {
                     EventKind::CallCancelled {}
                 }
-                CallStatus::Subscribed => EventKind::SubscriptionCancelled {},
+                CallStatus::Subscribed => EventKind::SubscriptionCancelled { reason: None },
                 status => {
                     return Err(Rejection::Finished {
                         id: id.clone(),
@@ -368,7 +368,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             }
             Ok(Decision::applied(vec![Change::of(
                 id,
-                EventKind::SubscriptionCancelled {},
+                EventKind::SubscriptionCancelled { reason: None },
             )]))
         }
         Command::Close if state.meta.closed => Ok(Decision::nothing(Outcome::Duplicate)),
@@ -544,7 +544,7 @@ fn close(state: &ThreadState) -> Result<Decision, Rejection> {
         .into_iter()
         .map(|call| {
             let kind = match call.status {
-                CallStatus::Subscribed => EventKind::SubscriptionCancelled {},
+                CallStatus::Subscribed => EventKind::SubscriptionCancelled { reason: None },
                 _ => EventKind::CallCancelled {},
             };
             Change::of(&call.id, kind)
@@ -626,9 +626,10 @@ fn cancel_subscription_tool(
         return Ok(decision);
     }
     let text = if state.meta.active_subscriptions.contains(target) {
-        decision
-            .changes
-            .push(Change::of(target, EventKind::SubscriptionCancelled {}));
+        decision.changes.push(Change::of(
+            target,
+            EventKind::SubscriptionCancelled { reason: None },
+        ));
         format!("Cancelled subscription {target}")
     } else {
         format!("Error: {target} is not an active subscription of this thread")
@@ -711,7 +712,15 @@ fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {
                 if opens && state.meta.active_subscriptions.len() >= MAX_ACTIVE_SUBSCRIPTIONS {
                     // The thread holds all it may: the agent gets the
                     // result, the tool is told to stop.
-                    let cancelled = Change::of(id, EventKind::SubscriptionCancelled {});
+                    let reason = format!(
+                        "the thread already holds {MAX_ACTIVE_SUBSCRIPTIONS} active subscriptions, the most it may"
+                    );
+                    let cancelled = Change::of(
+                        id,
+                        EventKind::SubscriptionCancelled {
+                            reason: Some(reason),
+                        },
+                    );
                     return Ok(Decision::applied(vec![result, cancelled]));
                 }
                 Ok(Decision::applied(vec![result]))

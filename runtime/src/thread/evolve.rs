@@ -223,7 +223,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     call.undelivered_choice = None;
                     call.status
                 }
-                EventKind::CallCancelled {} | EventKind::SubscriptionCancelled {} => {
+                EventKind::CallCancelled {} | EventKind::SubscriptionCancelled { .. } => {
                     meta.active_subscriptions.remove(id);
                     // A cancelled call's tool is owed no answer any more.
                     call.undelivered_choice = None;
