@@ -79,7 +79,7 @@ impl Engine {
         group_id: &str,
         ancestors: Option<&[String]>,
     ) -> Result<Gate, Error> {
-        let recorded = self.store.thread(group_id).await?.and_then(|m| m.ancestors);
+        let recorded = self.recorded_ancestors(group_id).await?;
         let ancestors = recorded.as_deref().or(ancestors);
         // Kept to the second, rounded up: a gate that closed up to a second
         // early left a reviewer of a 1 s timeout no time at all.
@@ -153,8 +153,7 @@ impl Engine {
                 // invariant 4), then refuse the repeat as before.
                 if let Some(call) = self.store.call(group_id, id).await? {
                     if call.status == CallStatus::Queued {
-                        let thread = self.store.thread(group_id).await?;
-                        let ancestors = thread.and_then(|t| t.ancestors);
+                        let ancestors = self.recorded_ancestors(group_id).await?;
                         self.enqueue(group_id, &call, ancestors.as_deref()).await?;
                     }
                 }

@@ -215,6 +215,15 @@ impl Engine {
         Ok((Submitted::Existing, reply(&group_id, call)))
     }
 
+    /// The ancestors thread `group_id` recorded, for an [`Engine::enqueue`]
+    /// that has no state of the thread in hand.
+    pub(crate) async fn recorded_ancestors(
+        &self,
+        group_id: &str,
+    ) -> Result<Option<Vec<String>>, Error> {
+        Ok(self.store.thread(group_id).await?.and_then(|t| t.ancestors))
+    }
+
     /// Hands a queued call to the workers. The invocation names the
     /// thread's ancestors as the thread recorded them (from its first call
     /// that named any: rap-1 asks for them whenever the thread has

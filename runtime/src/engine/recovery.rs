@@ -62,10 +62,14 @@ impl Engine {
         // open calls come sorted by id, which says nothing of that).
         queued.sort_by(|(g1, c1), (g2, c2)| (g1, c1.accepted_seq).cmp(&(g2, c2.accepted_seq)));
         let requeued = queued.len();
+        // Sorted by thread: each thread's ancestors are read once.
+        let mut ancestors: Option<(&str, Option<Vec<String>>)> = None;
         for (group_id, call) in &queued {
-            let thread = self.store.thread(group_id).await?;
-            let ancestors = thread.and_then(|t| t.ancestors);
-            self.enqueue(group_id, call, ancestors.as_deref()).await?;
+            if ancestors.as_ref().is_none_or(|(g, _)| g != group_id) {
+                ancestors = Some((group_id, self.recorded_ancestors(group_id).await?));
+            }
+            let of_thread = ancestors.as_ref().and_then(|(_, a)| a.as_deref());
+            self.enqueue(group_id, call, of_thread).await?;
         }
         ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).set(subscribed as f64);
         info!(
