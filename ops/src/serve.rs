@@ -242,8 +242,8 @@ pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
 }
 
 /// The MCP (`/mcp`) and OXP (`/oxp`) fronts, submitting through `perform`.
-/// The public URL's authority is how clients reach Ferry: `/mcp` accepts
-/// it as a `Host`.
+/// The public URL is how clients reach Ferry: `/mcp` accepts its authority
+/// as a `Host` and its origin as an `Origin` (a page Ferry serves itself).
 pub(crate) fn protocol_fronts(
     engine: &Arc<Engine>,
     perform: Arc<dyn ferry_runtime::http::Perform>,
@@ -258,6 +258,12 @@ pub(crate) fn protocol_fronts(
         .and_then(|r| r.split('/').next())
     {
         mcp.allowed_hosts.push(authority.to_owned());
+    }
+    if let Ok(url) = reqwest::Url::parse(public_url) {
+        let origin = url.origin();
+        if origin.is_tuple() {
+            mcp.allowed_origins.push(origin.ascii_serialization());
+        }
     }
     ferry_runtime::oxp::router(engine.clone(), perform.clone(), oxp)
         .merge(ferry_runtime::mcp::router(engine.clone(), perform, mcp))

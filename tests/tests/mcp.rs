@@ -649,6 +649,47 @@ async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
     assert_eq!(right.status, 200, "{}", right.body);
 }
 
+/// README, MCP security: a `Host` or `Origin` of the public URL is
+/// Ferry's own, not a rebinding; another site's origin still gets 403.
+#[tokio::test]
+async fn the_public_urls_host_and_origin_are_accepted() {
+    let mut options = FerryOptions::default();
+    options.args.extend([
+        "--public-url".to_owned(),
+        "https://ferry.example.com:8443".to_owned(),
+    ]);
+    let ferry = Ferry::start(options).await;
+    let raw = Raw::new(&ferry);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}})
+    .to_string()
+    .into_bytes();
+    let own = raw
+        .send(
+            init.clone(),
+            &[
+                ("host", "ferry.example.com:8443"),
+                ("origin", "https://ferry.example.com:8443"),
+            ],
+        )
+        .await;
+    assert_eq!(own.status, 200, "{}", own.body);
+    for origin in [
+        "https://ferry.example.com",
+        "http://ferry.example.com:8443",
+        "https://evil.example.com:8443",
+    ] {
+        let foreign = raw
+            .send(
+                init.clone(),
+                &[("host", "ferry.example.com:8443"), ("origin", origin)],
+            )
+            .await;
+        assert_eq!(foreign.status, 403, "{origin}: {}", foreign.body);
+    }
+}
+
 #[tokio::test]
 async fn tools_list_pages_with_a_cursor_and_qualifies_clashing_names() {
     let many: Vec<String> = (0..60).map(|i| format!("t{i:02}")).collect();

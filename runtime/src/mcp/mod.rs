@@ -336,7 +336,7 @@ fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
 /// the call it names; the rest (`notifications/initialized`, …) need
 /// nothing.
 async fn notified(mcp: &Mcp, headers: &HeaderMap, method: &str, params: &Map<String, Value>) {
-    tracing::debug!(%method, "MCP notification");
+    tracing::debug!(?method, "MCP notification");
     if method != "notifications/cancelled" {
         return;
     }
