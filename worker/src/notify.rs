@@ -1,6 +1,8 @@
 //! Runtime-to-tool-server notifications (`rap-3`): `/cancel_tool_call` and
 //! `/close_thread` are best effort and single shot; `/tool_call_status` is
-//! asked on recovery.
+//! asked on recovery; a user's answer to a `user_choice` is POSTed to its
+//! `response_url` (`deliver_choice`; the caller retries what may succeed
+//! later).
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
-//! The bus port: how accepted work reaches workers. Work of one thread is
-//! handled one item at a time, in order; threads proceed in parallel.
+//! The bus port: how accepted work reaches workers. In `LocalBus`, work of
+//! one thread is handled one item at a time, in order, and threads proceed
+//! in parallel; the JetStream bus shares work among workers without a
+//! per-thread order.
 //! `local` is the in-process adapter of `ferry serve`.
 
 pub mod jetstream;

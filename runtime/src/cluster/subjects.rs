@@ -12,7 +12,7 @@
 //! | `ferry.logged.<g>` | (republished by `FERRY_THREADS`) | the headers of each commit the stream *stored*, for runtime nodes to wake readers |
 //! | `ferry.in.<g>` | `FERRY_INBOX` | requests relayed by runtime nodes, for workers to apply |
 //! | `ferry.work.<g>` | `FERRY_WORK` | dispatch work for workers |
-//! | `ferry.reply.<node>.<n>` | (core NATS) | a worker's answer to the node awaiting it |
+//! | `ferry.reply.<run>.<n>` | (core NATS) | a worker's answer to the node run awaiting it |
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;

@@ -222,13 +222,15 @@ pub(crate) fn resume_point(
     }
 }
 
-/// The thread's durable events after `after`, then each new one as it
-/// becomes durable, read a page at a time; ends when a read fails. Both SSE
-/// views of a thread (native events, ACP messages) follow it.
 /// The first pause before a stream reads again after its storage was
 /// unavailable, and the longest.
 const UNAVAILABLE_FIRST: Duration = Duration::from_millis(250);
 const UNAVAILABLE_MOST: Duration = Duration::from_secs(5);
+
+/// The thread's durable events after `after`, then each new one as it
+/// becomes durable, read a page at a time; while the store is unavailable
+/// it waits and reads again, and it ends on any other failed read. Both
+/// SSE views of a thread (native events, ACP messages) follow it.
 
 pub(crate) fn follow(
     engine: Arc<Engine>,

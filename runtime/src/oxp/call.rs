@@ -1,5 +1,5 @@
 //! `POST /oxp/tools/call`: an OXP call made a Ferry call through the same
-//! `Engine::submit` as `POST /v1/calls` (validated, gated, persisted,
+//! `Perform` path as `POST /v1/calls` (`http::submit_call`: validated, gated, persisted,
 //! dispatched, deduped), then answered with its result once it settles.
 //!
 //! Thread rule: a call runs in thread `oxp-user-{context.user_id}`, or in

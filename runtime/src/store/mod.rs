@@ -123,8 +123,11 @@ pub trait Store: Send + Sync + 'static {
     /// The thread's metadata and the named calls (those that exist), for
     /// a command about to write: the engine calls it under its lock on the
     /// thread, and the sled store caches what it loads on that ground.
-    /// (The one exception, the re-read after `AlreadyApplied`, happens
-    /// only with the JetStream store, which caches nothing this way.)
+    /// (Two loads run outside the lock, both only with the JetStream
+    /// store: the re-read after `AlreadyApplied` and `close_thread`'s
+    /// one-call-at-a-time fallback. That store keeps a load only for the
+    /// write that follows, which checks it against `last_seq` and the
+    /// compare-and-set.)
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
 
     /// Appends events and writes the state they fold into, atomically. Not
@@ -180,7 +183,8 @@ pub trait Store: Send + Sync + 'static {
     async fn call(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error>;
 
     /// Every call Ferry still expects something for (queued, dispatched,
-    /// awaiting, subscribed), as `(group_id, id)`: what recovery walks.
+    /// awaiting, subscribed, pending approval, or owing a user's choice to
+    /// the tool), as `(group_id, id)`: what recovery walks.
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error>;
 
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error>;
