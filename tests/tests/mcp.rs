@@ -595,15 +595,21 @@ async fn stateless_requests_check_their_envelope_and_take_the_thread_from_meta()
     assert_eq!(conflict.body["error"]["code"], -32602, "{}", conflict.body);
 }
 
+/// A 2025-11-25 `initialize` request's body: the first thing a client
+/// sends, so the one the transport's checks see.
+fn initialize_request() -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}})
+    .to_string()
+    .into_bytes()
+}
+
 #[tokio::test]
 async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
     let ferry = Ferry::with_demo().await;
     let raw = Raw::new(&ferry);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"}}})
-    .to_string()
-    .into_bytes();
+    let init = initialize_request();
     let evil = raw
         .send(init.clone(), &[("origin", "http://evil.example.com")])
         .await;
@@ -660,11 +666,7 @@ async fn the_public_urls_host_and_origin_are_accepted() {
     ]);
     let ferry = Ferry::start(options).await;
     let raw = Raw::new(&ferry);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"}}})
-    .to_string()
-    .into_bytes();
+    let init = initialize_request();
     let own = raw
         .send(
             init.clone(),
