@@ -231,7 +231,6 @@ const UNAVAILABLE_MOST: Duration = Duration::from_secs(5);
 /// becomes durable, read a page at a time; while the store is unavailable
 /// it waits and reads again, and it ends on any other failed read. Both
 /// SSE views of a thread (native events, ACP messages) follow it.
-
 pub(crate) fn follow(
     engine: Arc<Engine>,
     group_id: String,
