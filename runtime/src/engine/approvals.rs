@@ -28,13 +28,56 @@ pub const MAX_REASON_BYTES: usize = 4096;
 /// Whether `reviewer` names (or could be read as) `name`: the audit trail
 /// must not show a person's decision as one of Ferry's own.
 pub fn reviewer_reads_as(reviewer: &str, name: &str) -> bool {
-    reviewer.trim().eq_ignore_ascii_case(name)
+    reading(reviewer).eq_ignore_ascii_case(name)
+}
+
+/// How a name reads: around it no whitespace, ASCII's fullwidth forms
+/// (`ａｃｐ`) as ASCII, letters in one case. Invisible characters are
+/// refused outright ([`is_invisible`]); letters of other scripts that look
+/// like Latin ones are not caught.
+fn reading(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
+            c => c,
+        })
+        .collect::<String>()
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Characters that show nothing (format characters such as zero-width
+/// spaces, joiners, direction overrides and the byte-order mark; soft
+/// hyphens; variation selectors; fillers): a name holding one can pass
+/// for another, `acp` for `\u{200B}acp`.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{17B4}'
+            | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
 }
 
 /// Why a reviewer's name or reason cannot be recorded, if it cannot.
 fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
     let grant = crate::thread::GRANT_REVIEWER_PREFIX;
-    let normalized = reviewer.trim().to_ascii_lowercase();
+    let normalized = reading(reviewer);
     if normalized.is_empty() || normalized == TIMEOUT_REVIEWER || normalized.starts_with(grant) {
         return Some(format!(
             "reviewer {reviewer:?} is empty or reserved (\"{TIMEOUT_REVIEWER}\" and \"{grant}…\" are Ferry's own)"
@@ -48,6 +91,11 @@ fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
     }
     if reviewer.chars().any(char::is_control) {
         return Some(format!("reviewer {reviewer:?} contains control characters"));
+    }
+    if reviewer.chars().any(is_invisible) {
+        return Some(format!(
+            "reviewer {reviewer:?} contains invisible characters (zero-width, format or filler)"
+        ));
     }
     match reason {
         Some(reason) if reason.len() > MAX_REASON_BYTES => Some(format!(
@@ -322,4 +370,36 @@ impl Engine {
 /// The channel the engine arms timers on, and its receiving end.
 pub(crate) fn timer_channel() -> (mpsc::UnboundedSender<Timer>, mpsc::UnboundedReceiver<Timer>) {
     mpsc::unbounded_channel()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_read_as_ferrys_own_are_refused_and_peoples_names_are_not() {
+        for name in [
+            "ana",
+            "José Ñúñez",
+            "李小龍",
+            "O'Brien-Smith",
+            "ops bot (night)",
+        ] {
+            assert_eq!(refuse_reviewer(name, None), None, "{name}");
+        }
+        for name in [
+            "timeout",
+            " TIMEOUT\t",
+            "ｔｉｍｅｏｕｔ",
+            "grant:x",
+            "Ｇrant:x",
+            "\u{200b}ana",
+            "an\u{2060}a",
+            "\u{e0061}ana",
+        ] {
+            assert!(refuse_reviewer(name, None).is_some(), "{name:?}");
+        }
+        assert!(reviewer_reads_as("ａｃｐ ", "acp"));
+        assert!(!reviewer_reads_as("acpx", "acp"));
+    }
 }
