@@ -1091,6 +1091,74 @@ async fn a_2025_03_26_session_takes_json_rpc_batches() {
 /// cancels the durable call behind its `tools/call` (the tool is told with
 /// `/cancel_tool_call`); references to other requests, other sessions' or
 /// malformed ones change nothing.
+/// README, MCP: "A client that sets `_meta[\"io.ferry/id\"]` itself can
+/// retry: the same id and arguments attach to the same call (one
+/// dispatch)". A retry usually comes from a new session (the old one died
+/// with its connection, or Ferry restarted and answers it 404).
+#[tokio::test]
+async fn a_named_call_retried_from_a_new_session_attaches_to_the_same_call() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut ferry = Ferry::with_tool(&tool).await;
+    let call = |arguments: Value| {
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "op", "arguments": arguments, "_meta": {"io.ferry/id": "retry-1"}}})
+        .to_string()
+        .into_bytes()
+    };
+    let mut first = Raw::new(&ferry);
+    first.initialize("2025-11-25").await;
+    // The first attempt waits for a result that comes only after the
+    // restart: its connection dies with the process.
+    let waiting = {
+        let request = first
+            .http
+            .post(&first.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json")
+            .header("mcp-session-id", first.session.clone().unwrap())
+            .body(call(json!({"n": 1})));
+        tokio::spawn(async move { request.send().await.map(|r| r.status()) })
+    };
+    let invoked = tool.next_invocation().await.invocation;
+    let (g, id) = (invoked.group_id.clone(), invoked.id.clone());
+    assert_eq!(id, "retry-1");
+    assert!(
+        g.starts_with("mcp-call-"),
+        "a thread named after the id: {g}"
+    );
+    ferry.api().wait_for(&g, &id, "call_dispatched").await;
+
+    ferry.restart().await;
+    let cut = waiting.await.unwrap();
+    assert!(
+        cut.is_err(),
+        "the first attempt cannot have been answered: {cut:?}"
+    );
+    let stale = first.send(call(json!({"n": 1})), &[]).await;
+    assert_eq!(stale.status, 404, "sessions do not survive a restart");
+    let mut second = Raw::new(&ferry);
+    second.initialize("2025-11-25").await;
+    let api = ferry.api();
+    let retried = second.send(call(json!({"n": 1})), &[]);
+    let answering = async {
+        // Before or after the retry arrives: either way it must meet the
+        // call, not make a second one.
+        let callback = json!({"type": "tool_result", "group_id": g, "id": id,
+                              "text": "done once"});
+        let (status, _) = api.post(&invoked.callback_url, &callback).await;
+        assert_eq!(status, 200);
+    };
+    let (retried, ()) = tokio::join!(retried, answering);
+    let result = &retried.body["result"];
+    assert_eq!(text_of(result), "done once", "{}", retried.body);
+    assert_eq!(result["_meta"]["io.ferry/group_id"], g.as_str());
+    assert_eq!(api.count(&g, &id, "call_accepted").await, 1);
+    assert_eq!(api.count(&g, &id, "tool_result").await, 1);
+    assert_eq!(tool.invocations().len(), 1, "one dispatch");
+    let conflict = second.send(call(json!({"n": 2})), &[]).await;
+    assert_eq!(conflict.body["error"]["code"], -32602, "{}", conflict.body);
+}
+
 #[tokio::test]
 async fn a_sessions_cancellation_notice_cancels_its_call() {
     let tool = TestTool::start("t", &["op"]).await;

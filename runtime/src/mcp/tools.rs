@@ -152,8 +152,9 @@ pub fn next_cursor(last: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last)
 }
 
-/// Where an MCP call goes: the thread `_meta` names, else the session's,
-/// else (stateless) a thread of its own.
+/// Where an MCP call goes: the thread `_meta` names; else, for a call the
+/// client named, a thread named after that id; else the session's, or
+/// (stateless) a thread of its own.
 pub struct Placement {
     pub group_id: String,
     pub thread_ancestors: Option<Vec<String>>,
@@ -187,16 +188,14 @@ pub fn placement(ctx: &Context, params: &Map<String, Value>) -> Result<Placement
             )))
         }
     };
-    let group_id = match (string(GROUP_ID_META)?, &ctx.session) {
-        (Some(g), _) => g,
-        (None, Some(session)) => session.clone(),
-        // Stateless, a call the client named has a thread named after it,
-        // so a retry of it meets the call (one dispatch); others get one
-        // of their own.
-        (None, None) => match string(CALL_ID_META)? {
-            Some(id) => format!("mcp-call-{}", named_thread(&id)),
-            None => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
-        },
+    // A call the client named has a thread named after it, in a session
+    // too: its retry meets the call (one dispatch) from any session, also
+    // from the new one a client opens after Ferry restarted.
+    let group_id = match (string(GROUP_ID_META)?, string(CALL_ID_META)?, &ctx.session) {
+        (Some(g), _, _) => g,
+        (None, Some(id), _) => format!("mcp-call-{}", named_thread(&id)),
+        (None, None, Some(session)) => session.clone(),
+        (None, None, None) => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
     };
     Ok(Placement {
         group_id,
