@@ -1,6 +1,7 @@
 //! `POST /oxp/tools/call`: an OXP call made a Ferry call through the same
-//! `Perform` path as `POST /v1/calls` (`http::submit_call`: validated, gated, persisted,
-//! dispatched, deduped), then answered with its result once it settles.
+//! `Perform` path as `POST /v1/calls` (`http::submit_call`: validated,
+//! gated, persisted, dispatched, deduped), then answered with its result
+//! once it settles.
 //!
 //! Thread rule: a call runs in thread `oxp-user-{context.user_id}`, or in
 //! `oxp-anonymous` without a user id. The OXP `call_id` is the Ferry call
