@@ -417,6 +417,10 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
         json!({"jsonrpc": "2.0", "id": "ferry-permission:drop-3", "result": {}}).to_string();
     let a_request =
         json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {}}).to_string();
+    // A client's notification (no id): not served here, and said so.
+    let a_notification = json!({"jsonrpc": "2.0", "method": "session/cancel",
+                                "params": {"sessionId": "g-bad"}})
+    .to_string();
     let mut both = selected(&json!("ferry-permission:drop-3"), "allow_once");
     both["error"] = json!({"code": 1, "message": "could not ask"});
     let both = both.to_string();
@@ -424,7 +428,7 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
     // has exactly one of result and error.
     let object_id = json!({"jsonrpc": "2.0", "id": {"x": 1}, "result": {}}).to_string();
     let neither = json!({"jsonrpc": "2.0", "id": "ferry-permission:drop-3"}).to_string();
-    let cases: [(&str, u16, i64); 9] = [
+    let cases: [(&str, u16, i64); 10] = [
         (&both, 400, -32600),
         (&object_id, 400, -32600),
         (&neither, 400, -32600),
@@ -433,6 +437,7 @@ async fn bad_responses_are_json_rpc_errors_that_change_nothing() {
         (&wrong_option, 422, -32602),
         (&no_outcome, 400, -32602),
         (&a_request, 400, -32601),
+        (&a_notification, 400, -32601),
         ("{oops", 400, -32700),
     ];
     for (body, status, code) in cases {

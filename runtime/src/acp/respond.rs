@@ -87,6 +87,20 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             "Invalid Request: expected one JSON-RPC response object",
         ));
     };
+    // A request or a notification (`session/cancel`, say): none is served
+    // here, whatever its id (a notification has none).
+    if object.contains_key("method") {
+        let id = match object.get("id") {
+            Some(id @ (Value::String(_) | Value::Number(_))) => id.clone(),
+            _ => Value::Null,
+        };
+        return Err(rpc(
+            StatusCode::BAD_REQUEST,
+            &id,
+            METHOD_NOT_FOUND,
+            "Method not found: this endpoint takes responses to Ferry's requests only",
+        ));
+    }
     // JSON-RPC 2.0: an id is a string or a number (the id of an Invalid
     // Request error is null when it cannot be read).
     let id = match object.get("id") {
@@ -100,14 +114,6 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
     };
     if object.get("jsonrpc") != Some(&json!("2.0")) {
         return Err(bad(&id, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
-    }
-    if object.contains_key("method") {
-        return Err(rpc(
-            StatusCode::BAD_REQUEST,
-            &id,
-            METHOD_NOT_FOUND,
-            "Method not found: this endpoint takes responses to Ferry's requests only",
-        ));
     }
     if !object.contains_key("error") && !object.contains_key("result") {
         return Err(bad(&id, "Invalid Request: a response has result or error"));
