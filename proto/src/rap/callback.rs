@@ -32,7 +32,6 @@ pub enum CallbackError {
     },
 }
 
-/// `http://host…` or `https://host…`, with no whitespace.
 /// A segment that names a type Ferry knows but did not parse as one: kept
 /// as `Other`, it would be served under that type with the wrong shape.
 fn malformed_known(segment: &DisplaySegment) -> bool {
@@ -45,6 +44,7 @@ fn malformed_known(segment: &DisplaySegment) -> bool {
     }
 }
 
+/// `http://host…` or `https://host…`, with no whitespace.
 fn is_http_url(url: &str) -> bool {
     let rest = url
         .strip_prefix("https://")

@@ -78,9 +78,7 @@ pub async fn show(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let versions = app.engine.toolset(&name)?;
-    let latest = crate::toolsets::latest(versions.iter().map(|v| &v.version))
-        .and_then(|latest| versions.iter().find(|v| v.version == *latest))
-        .cloned();
+    let latest = crate::toolsets::latest_by(&versions, |v| &v.version).cloned();
     Ok(Json(
         json!({"name": name, "latest": latest, "versions": versions}),
     ))

@@ -42,12 +42,11 @@ pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
         "inputSchema": cancel_subscription_schema(),
         "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true},
     })];
-    for toolset in engine.toolsets() {
-        let latest = engine
-            .toolset(&toolset.name)
-            .ok()
-            .and_then(|v| crate::toolsets::latest(v.iter().map(|l| &l.version)).cloned());
-        if latest.as_ref() != Some(&toolset.version) {
+    let registered = engine.toolsets();
+    for toolset in &registered {
+        let versions = registered.iter().filter(|t| t.name == toolset.name);
+        let latest = crate::toolsets::latest_by(versions, |t| &t.version);
+        if latest.map(|t| &t.version) != Some(&toolset.version) {
             continue;
         }
         for tool in &toolset.tools {

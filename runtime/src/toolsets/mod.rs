@@ -41,9 +41,19 @@ pub struct StoredToolset {
 pub fn latest<'a>(
     versions: impl IntoIterator<Item = &'a semver::Version>,
 ) -> Option<&'a semver::Version> {
-    versions
-        .into_iter()
-        .max_by(|a, b| (a.pre.is_empty(), *a).cmp(&(b.pre.is_empty(), *b)))
+    latest_by(versions, |v| v)
+}
+
+/// The item of `items` (versions of one toolset) whose `version` is the
+/// [`latest`].
+pub fn latest_by<T>(
+    items: impl IntoIterator<Item = T>,
+    version: impl Fn(&T) -> &semver::Version,
+) -> Option<T> {
+    items.into_iter().max_by(|a, b| {
+        let (a, b) = (version(a), version(b));
+        (a.pre.is_empty(), a).cmp(&(b.pre.is_empty(), b))
+    })
 }
 
 /// The name and schema of the built-in tool that cancels a subscription.
