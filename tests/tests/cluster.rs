@@ -909,6 +909,103 @@ async fn a_node_started_while_nats_is_down_journals_calls_and_relays_them_later(
     assert!(events.iter().all(|e| e["id"] != "bad"), "{events:?}");
 }
 
+/// A node that could only journal a submission (`202`, `"seq": 0`)
+/// refuses another body under its id at once (`409 conflict`), as the
+/// worker will once it applies the first. Before, both were answered
+/// `202` and the worker's later refusal reached nobody. Checked with NATS
+/// up but no worker, with NATS down, and after a kill -9 of the node,
+/// whose journal still holds the first body. Once a worker answered, the
+/// worker decides again: a first submission it refused leaves its id
+/// free.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled_it() {
+    let mut nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut a = node_with(&nats, &tool, &["--reply-wait-ms", "2000"]).await;
+    let body = |g: &str, text: &str| json!({"operation": "op", "arguments": {"text": text}, "group_id": g, "id": "c"});
+    #[track_caller]
+    fn provisional((status, reply): (u16, Value)) {
+        assert_eq!((status, reply["seq"].as_u64()), (202, Some(0)), "{reply}");
+    }
+    #[track_caller]
+    fn refused((status, reply): (u16, Value), code: &str) {
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (409, Some(code)),
+            "{reply}"
+        );
+    }
+
+    // NATS up, no worker: relayed, not applied.
+    let api = a.api();
+    provisional(api.submit(body("up", "one")).await);
+    refused(api.submit(body("up", "two")).await, "conflict");
+    provisional(api.submit(body("up", "one")).await);
+    let (status, reply) = api.post("/v1/threads/closed/close", &json!({})).await;
+    assert_eq!(status, 202, "{reply}");
+    provisional(api.submit(body("closed", "one")).await);
+
+    // NATS down, then the node killed: its journal holds the first body.
+    nats.kill9();
+    provisional(api.submit(body("down", "one")).await);
+    refused(api.submit(body("down", "two")).await, "conflict");
+    a.kill9();
+    a.restart().await;
+    let api = a.api();
+    refused(api.submit(body("down", "two")).await, "conflict");
+    refused(api.submit(body("closed", "two")).await, "conflict");
+    let (status, reply) = api
+        .submit(json!({"operation": "op", "arguments": {"text": 2}, "group_id": "down", "id": "c"}))
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (422, Some("invalid_arguments")),
+        "bad input is refused for what it is: {reply}"
+    );
+
+    nats.restart().await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    for g in ["up", "down"] {
+        let call = eventually(
+            "the first body applied",
+            Duration::from_secs(30),
+            || async {
+                let (status, call) = api.call(g, "c").await;
+                (status == 200).then_some(call)
+            },
+        )
+        .await;
+        assert_eq!(call["arguments"]["text"], "one", "{call}");
+        refused(api.submit(body(g, "two")).await, "conflict");
+        let (status, reply) = api.submit(body(g, "one")).await;
+        assert_eq!(status, 200, "the same body answers the call: {reply}");
+    }
+    // The worker refused `closed`'s first submission, and its answer
+    // freed the id: the second is the worker's to refuse, for the
+    // thread's being closed.
+    eventually(
+        "the node to see the worker's answer",
+        Duration::from_secs(30),
+        || async {
+            let (status, reply) = api.submit(body("closed", "two")).await;
+            (reply["error"]["code"] == "thread_closed").then_some(status)
+        },
+    )
+    .await;
+    for g in ["up", "down"] {
+        api.wait_for(g, "c", "call_dispatched").await;
+    }
+    let sent: Vec<_> = tool
+        .invocations()
+        .into_iter()
+        .map(|i| (i.group_id, i.arguments["text"].clone()))
+        .collect();
+    assert!(
+        sent.iter().all(|(g, text)| text == "one" && g != "closed"),
+        "only the first bodies reach the tool: {sent:?}"
+    );
+}
+
 /// A toolset deleted through one node leaves every node's registry: B
 /// stops listing its tools and refuses calls to them.
 #[tokio::test(flavor = "multi_thread")]

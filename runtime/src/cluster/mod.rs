@@ -4,6 +4,7 @@
 //! the runtime node's outbox and relay, and the worker's consumers.
 
 pub mod outbox;
+pub mod provisional;
 pub mod relay;
 pub mod streams;
 pub mod subjects;

@@ -148,6 +148,16 @@ impl Outbox {
         Ok(out)
     }
 
+    /// Every readable entry still to relay, oldest first (unreadable ones
+    /// are skipped; `pending` sets them aside).
+    pub fn entries(&self) -> impl Iterator<Item = (u64, Entry)> + '_ {
+        self.entries.iter().filter_map(|item| {
+            let (key, value) = item.ok()?;
+            let number = u64::from_be_bytes(key.as_ref().try_into().ok()?);
+            Some((number, rmp_serde::from_slice(&value).ok()?))
+        })
+    }
+
     /// Moves an entry to `unreadable` (copied first: a crash in between
     /// leaves it in both, and the next `pending` moves it again).
     fn set_aside(&self, key: &[u8], value: sled::IVec) -> Result<(), Error> {

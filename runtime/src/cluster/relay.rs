@@ -19,13 +19,15 @@ use async_trait::async_trait;
 use axum::http::StatusCode;
 use futures::StreamExt;
 use tokio::sync::{oneshot, Notify};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::outbox::{Entry, Outbox};
+use super::provisional::{self, Provisional};
 use super::subjects;
 use crate::engine::requests::{Refusal, Reply, Request};
-use crate::engine::Engine;
+use crate::engine::{Engine, Error};
 use crate::http::{ApiError, Perform};
+use crate::thread::Rejection;
 
 /// The header naming the subject a worker sends its answer to.
 pub const REPLY_HEADER: &str = "Ferry-Reply";
@@ -60,6 +62,9 @@ pub struct Relay {
     replies: String,
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     in_flight: Mutex<InFlight>,
+    /// Submissions journaled and not answered yet: another body under one
+    /// of their ids is refused here, not answered a provisional `202`.
+    provisional: Mutex<Provisional>,
     /// Entries this run published whose ack did not come: a copy may be
     /// stored, with this run's reply subject, and its answer will come.
     unacked: Mutex<std::collections::HashSet<u64>>,
@@ -78,6 +83,14 @@ impl Relay {
         reply_wait: Duration,
     ) -> Result<Arc<Self>, async_nats::SubscribeError> {
         let run = uuid::Uuid::new_v4().simple().to_string();
+        // Submissions a previous run journaled and did not relay are still
+        // provisional.
+        let mut provisional = Provisional::default();
+        for (number, entry) in outbox.entries() {
+            if let Request::Submit { call, .. } = &entry.request {
+                let _ = provisional.claim(number, call, provisional::fingerprint(call));
+            }
+        }
         let replies = format!("{}.{run}", subjects::REPLY);
         let mut answers = client.subscribe(format!("{replies}.*")).await?;
         let relay = Arc::new(Self {
@@ -88,6 +101,7 @@ impl Relay {
             replies,
             waiting: Mutex::default(),
             in_flight: Mutex::default(),
+            provisional: Mutex::new(provisional),
             unacked: Mutex::default(),
             wake: Notify::new(),
             reply_wait,
@@ -104,6 +118,7 @@ impl Relay {
                 let answer = rmp_serde::from_slice::<Answer>(&message.payload);
                 if let Some(n) = number {
                     relay.release(n);
+                    relay.settle(n);
                 }
                 let waiter = number.and_then(|n| relay.waiting.lock().expect("lock").remove(&n));
                 match (waiter, answer) {
@@ -192,6 +207,12 @@ impl Relay {
         }
     }
 
+    /// No answer to entry `number` will come (or it came): its call's id is
+    /// the worker's to decide again.
+    fn settle(&self, number: u64) {
+        self.provisional.lock().expect("lock").settle(number);
+    }
+
     /// Publishes a batch (its entries are their threads' requests in
     /// flight, see [`InFlight`]) and forgets each entry JetStream
     /// acknowledged; false when NATS failed (the rest stay for the next
@@ -222,6 +243,7 @@ impl Relay {
                     // hold back every entry after it.
                     warn!(number, error = %e, "journaled request too large for NATS dropped");
                     self.release(number);
+                    self.settle(number);
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a too large entry failed");
                         break;
@@ -253,6 +275,7 @@ impl Relay {
                     let ours = self.unacked.lock().expect("lock").remove(&number);
                     if ack.duplicate && !ours {
                         self.release(number);
+                        self.settle(number);
                     }
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a relayed entry failed");
@@ -303,6 +326,19 @@ impl Perform for Relay {
         };
         let bytes = Outbox::encode(&entry);
         self.check_size(bytes.len())?;
+        if let Request::Submit { call, .. } = &entry.request {
+            let fingerprint = provisional::fingerprint(call);
+            let claimed = self
+                .provisional
+                .lock()
+                .expect("lock")
+                .claim(number, call, fingerprint);
+            if claimed.is_err() {
+                let id = call.id.clone().unwrap_or_default();
+                info!(group_id = %call.group_id, id = %id, "submission refused: another body under its id is journaled and not applied yet");
+                return Err(Error::Rejected(Rejection::Conflict(id)).into());
+            }
+        }
         let (answered, answer) = oneshot::channel();
         self.waiting.lock().expect("lock").insert(number, answered);
         // However this ends (answered, timed out, refused, or dropped with
@@ -312,6 +348,7 @@ impl Perform for Relay {
             number,
         };
         if let Err(e) = self.outbox.append(number, bytes).await {
+            self.settle(number);
             return Err(unavailable(e));
         }
         self.wake.notify_one();

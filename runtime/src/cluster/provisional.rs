@@ -1,0 +1,207 @@
+//! Submissions a runtime node journaled and no worker has answered yet.
+//!
+//! A node cannot see a thread without a worker, so a submission it could
+//! only journal is answered `202` provisionally (`"seq": 0`). Without this
+//! record, a second submission of the same `(group_id, id)` with another
+//! body, made in that window, was answered `202` too, and refused later
+//! by the worker with nobody to hear the `409`. The node now refuses it at
+//! once: the first is journaled ahead of it, so a worker would apply the
+//! first and refuse this one anyway. Submissions taken by another node in
+//! the same window still meet only at the worker (README, "What is not
+//! built yet").
+//!
+//! An entry lives from its journaling until the worker's answer reaches
+//! this node. Answers lost on the way leave entries behind; the least
+//! recently claimed go first once [`CAPACITY`] are held.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+
+use ferry_proto::api::SubmitCall;
+use lru::LruCache;
+use sha2::{Digest, Sha256};
+
+/// How many unanswered submissions a node keeps: far more than a node
+/// journals during a minutes-long outage of NATS at the rate it can fsync.
+pub const CAPACITY: usize = 65_536;
+
+/// A digest of what makes two submissions of one id the same call: the
+/// fields the state machine compares (`thread::decide`'s `submit`), with
+/// `thread_ancestors: []` read as none, as the engine normalizes it.
+pub type Fingerprint = [u8; 32];
+
+pub fn fingerprint(call: &SubmitCall) -> Fingerprint {
+    let ancestors = call.thread_ancestors.as_ref().filter(|a| !a.is_empty());
+    // MessagePack of a `serde_json::Value` writes object keys in the map's
+    // order, which is sorted (serde_json's `preserve_order` is off; a unit
+    // test below fails if that changes).
+    let bytes = rmp_serde::to_vec(&(
+        &call.operation,
+        &call.arguments,
+        &call.call_id,
+        &call.user_id,
+        ancestors,
+    ))
+    .expect("a submission serializes");
+    Sha256::digest(bytes).into()
+}
+
+/// The call a submission claims, by thread and id.
+type Key = (String, String);
+
+pub struct Provisional {
+    by_call: LruCache<Key, (u64, Fingerprint)>,
+    by_number: HashMap<u64, Key>,
+}
+
+/// Another body was journaled under the same id and not answered yet.
+#[derive(Debug, PartialEq)]
+pub struct Conflict;
+
+impl Default for Provisional {
+    fn default() -> Self {
+        Self::with_capacity(CAPACITY)
+    }
+}
+
+impl Provisional {
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            by_call: LruCache::new(NonZeroUsize::new(capacity.max(1)).expect("not zero")),
+            by_number: HashMap::new(),
+        }
+    }
+
+    /// Records that outbox entry `number` submits `call`, unless another
+    /// body under its id is still unanswered. A same-body retry keeps the
+    /// first entry's claim: its answer settles both.
+    pub fn claim(
+        &mut self,
+        number: u64,
+        call: &SubmitCall,
+        fingerprint: Fingerprint,
+    ) -> Result<(), Conflict> {
+        let Some(id) = &call.id else { return Ok(()) };
+        let key = (call.group_id.clone(), id.clone());
+        if let Some((_, held)) = self.by_call.get(&key) {
+            return if *held == fingerprint {
+                Ok(())
+            } else {
+                Err(Conflict)
+            };
+        }
+        if let Some((_, (evicted, _))) = self.by_call.push(key.clone(), (number, fingerprint)) {
+            self.by_number.remove(&evicted);
+        }
+        self.by_number.insert(number, key);
+        Ok(())
+    }
+
+    /// Entry `number` was answered by a worker, or never will be to this
+    /// node (dropped, or an earlier run's copy applied), or was not
+    /// journaled after all.
+    pub fn settle(&mut self, number: u64) {
+        if let Some(key) = self.by_number.remove(&number) {
+            if self.by_call.peek(&key).is_some_and(|(n, _)| *n == number) {
+                self.by_call.pop(&key);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_call.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_call.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(id: &str, arguments: serde_json::Value) -> SubmitCall {
+        serde_json::from_value(json!({
+            "operation": "op", "arguments": arguments, "group_id": "g", "id": id
+        }))
+        .unwrap()
+    }
+
+    fn claim(p: &mut Provisional, number: u64, call: &SubmitCall) -> Result<(), Conflict> {
+        p.claim(number, call, fingerprint(call))
+    }
+
+    #[test]
+    fn another_body_under_an_unanswered_id_conflicts_until_the_answer() {
+        let mut p = Provisional::default();
+        let first = call("c", json!({"n": 1}));
+        let other = call("c", json!({"n": 2}));
+        assert_eq!(claim(&mut p, 1, &first), Ok(()));
+        assert_eq!(claim(&mut p, 2, &other), Err(Conflict));
+        assert_eq!(claim(&mut p, 3, &first), Ok(()), "a same-body retry");
+        assert_eq!(claim(&mut p, 4, &call("d", json!({"n": 2}))), Ok(()));
+        // The retry's answer settles nothing: the first entry holds the id.
+        p.settle(3);
+        assert_eq!(claim(&mut p, 5, &other), Err(Conflict));
+        p.settle(1);
+        assert_eq!(claim(&mut p, 6, &other), Ok(()), "the worker decides now");
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_state_machines_notion_of_the_same_body() {
+        let base = call("c", json!({"a": 1, "b": [1, 2]}));
+        let same = |value: serde_json::Value| {
+            let mut c = base.clone();
+            c.arguments = value;
+            fingerprint(&c) == fingerprint(&base)
+        };
+        assert!(
+            same(json!({"b": [1, 2], "a": 1})),
+            "key order is not content"
+        );
+        assert!(
+            !same(json!({"a": 1.0, "b": [1, 2]})),
+            "1 and 1.0 differ (409)"
+        );
+        assert!(!same(json!({"a": 1, "b": [2, 1]})));
+        let mut rooted = base.clone();
+        rooted.thread_ancestors = Some(vec![]);
+        assert_eq!(fingerprint(&rooted), fingerprint(&base), "[] is no field");
+        let mut other_user = base.clone();
+        other_user.user_id = Some("u".into());
+        assert_ne!(fingerprint(&other_user), fingerprint(&base));
+        let mut other_thread = base.clone();
+        other_thread.group_id = "h".into();
+        assert_eq!(
+            fingerprint(&other_thread),
+            fingerprint(&base),
+            "the key, not the body"
+        );
+    }
+
+    #[test]
+    fn the_least_recently_claimed_go_first_when_full() {
+        let mut p = Provisional::with_capacity(2);
+        let (a, b, c) = (
+            call("a", json!(1)),
+            call("b", json!(1)),
+            call("c", json!(1)),
+        );
+        claim(&mut p, 1, &a).unwrap();
+        claim(&mut p, 2, &b).unwrap();
+        claim(&mut p, 3, &c).unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(
+            !p.by_number.contains_key(&1),
+            "the evicted entry's number goes too"
+        );
+        assert_eq!(
+            claim(&mut p, 4, &call("a", json!(2))),
+            Ok(()),
+            "a was forgotten"
+        );
+    }
+}
