@@ -250,7 +250,14 @@ async fn the_sse_stream_delivers_events_in_order_and_resumes() {
         }
     }
 
-    for (query, header) in [("", Some("abc")), ("?after=abc", None)] {
+    // An empty `Last-Event-ID` is no id (the SSE model's "no last event
+    // id"): the stream starts where it would without the header.
+    let mut from_start = SseReader::open(&api, "/v1/threads/g/stream", Some("")).await;
+    assert_sse(&from_start.next().await, 1, "call_accepted");
+    let mut from_after = SseReader::open(&api, "/v1/threads/g/stream?after=4", Some(" ")).await;
+    assert_sse(&from_after.next().await, 5, "call_dispatched");
+
+    for (query, header) in [("", Some("abc")), ("", Some("-1")), ("?after=abc", None)] {
         let answer = open_refused(&api, &format!("/v1/threads/g/stream{query}"), header).await;
         refused(&answer, 400, "invalid_request");
     }

@@ -208,15 +208,21 @@ pub async fn stream(
 }
 
 /// Where a stream resumes: after `Last-Event-ID`, else `?after=`, else 0.
+/// An empty `Last-Event-ID` is none: in the SSE model an empty last event
+/// id means the client has none (an `id:` line with no value resets it),
+/// and browsers then leave the header out.
 pub(crate) fn resume_point(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
 ) -> Result<u64, ApiError> {
-    match headers.get("last-event-id") {
+    let last_event_id = headers
+        .get("last-event-id")
+        .map(|v| v.to_str().map(str::trim))
+        .filter(|v| !matches!(v, Ok("")));
+    match last_event_id {
         Some(v) => v
-            .to_str()
             .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
+            .and_then(|s| s.parse::<u64>().ok())
             .ok_or_else(|| invalid("Last-Event-ID must be a sequence number".into())),
         None => Ok(number::<u64>(query, "after")?.unwrap_or(0)),
     }
