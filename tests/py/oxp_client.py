@@ -10,6 +10,7 @@ The Rust tests in tests/tests/oxp.rs run it against a real ferry.
         [--call-id ID] [--user-id U] [--schema urn:oxp:1.0]
 
 Auth options: --bearer TOKEN, or --jwt-secret S [--jwt-exp-in SECONDS]
+[--jwt-fractional]
 [--jwt-nbf-in SECONDS]
 [--jwt-aud AUD] to mint an HS256 token with PyJWT, and --api-key KEY for
 the OXP-API-Key header.
@@ -32,6 +33,8 @@ def main() -> None:
     p.add_argument("--jwt-exp-in", type=int, default=300)
     p.add_argument("--jwt-aud")
     p.add_argument("--jwt-nbf-in", type=int)
+    # RFC 7519's NumericDate may be fractional: send exp with a fraction.
+    p.add_argument("--jwt-fractional", action="store_true")
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("command", choices=["health", "list", "call"])
@@ -44,7 +47,8 @@ def main() -> None:
 
     bearer = a.bearer
     if a.jwt_secret:
-        claims = {"sub": "ferry-tests", "exp": int(time.time()) + a.jwt_exp_in}
+        exp = int(time.time()) + a.jwt_exp_in
+        claims = {"sub": "ferry-tests", "exp": exp + 0.5 if a.jwt_fractional else exp}
         if a.jwt_aud:
             claims["aud"] = a.jwt_aud
         if a.jwt_nbf_in is not None:

@@ -260,8 +260,14 @@ async fn auth_takes_a_short_lived_jwt_or_an_api_key() {
     let wrong_secret = ["--jwt-secret", "another-secret-of-enough-length", "list"];
     server_error(&client(&ferry, &wrong_secret).await, 401);
 
-    // Valid: a JWT without aud, with the right aud, or the API key.
-    for args in [jwt(&[]), jwt(&["--jwt-aud", "ferry-oxp"])] {
+    // Valid: a JWT without aud, with the right aud, with a fractional
+    // `exp` (RFC 7519 §2: a NumericDate "can represent non-integer
+    // values"), or the API key.
+    for args in [
+        jwt(&[]),
+        jwt(&["--jwt-aud", "ferry-oxp"]),
+        jwt(&["--jwt-fractional"]),
+    ] {
         let out = client(&ferry, &with(args, "list")).await;
         assert_eq!(out["ok"], true, "{out}");
     }
@@ -277,6 +283,8 @@ async fn auth_takes_a_short_lived_jwt_or_an_api_key() {
         jwt(&["--jwt-nbf-in", "120"]),
         jwt(&["--jwt-aud", "someone-else"]),
         jwt(&["--jwt-exp-in", "3600"]),
+        jwt(&["--jwt-exp-in", "-60", "--jwt-fractional"]),
+        jwt(&["--jwt-exp-in", "3600", "--jwt-fractional"]),
     ] {
         let mut args = bad.clone();
         args.extend([

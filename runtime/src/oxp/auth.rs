@@ -40,7 +40,8 @@ pub enum AuthError {
 
 #[derive(Deserialize)]
 struct Claims {
-    exp: u64,
+    /// A NumericDate, which RFC 7519 (§2) lets be fractional.
+    exp: f64,
 }
 
 /// Checks requests against the configured credentials.
@@ -97,8 +98,8 @@ impl Auth {
             let claims = decode::<Claims>(token, key, validation)?.claims;
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            if claims.exp > now + MAX_TOKEN_LIFETIME_SECS {
+                .map_or(0.0, |d| d.as_secs_f64());
+            if claims.exp > now + MAX_TOKEN_LIFETIME_SECS as f64 {
                 return Err(AuthError::TooLong);
             }
             return Ok(());
