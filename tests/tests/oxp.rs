@@ -106,6 +106,9 @@ async fn the_official_client_lists_calls_and_reads_errors() {
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["status"], "completed");
     assert_eq!(view["tool"], "demo.echo@1.0.0");
+    // OXP's version parts are integers: `@01.0.0` is 1.0.0 too.
+    let zeros = call(&ferry, "demo.echo@01.0.0", json!({"text": "z"}), &[]).await;
+    assert_eq!(zeros["response"]["result"]["value"], "z", "{zeros}");
 
     // A tool error: 200 with success false.
     let failed = call(&ferry, "demo.fail", json!({"message": "boom"}), &[]).await;

@@ -186,9 +186,13 @@ impl Index {
                 .and_then(|v| versions.get(v))
                 .ok_or_else(|| NotFound::Tool(name.to_owned()));
         };
-        let wanted = match v.parse::<u64>() {
-            Ok(major) => Version::new(major, 0, 0),
-            Err(_) => Version::parse(v).map_err(|_| NotFound::Tool(tool_id.to_owned()))?,
+        // OXP's `x` and `x.y.z` are integers, so `01.0.0` is `1.0.0`
+        // (semver's own parser refuses leading zeros).
+        let numbers: Result<Vec<u64>, _> = v.split('.').map(str::parse).collect();
+        let wanted = match numbers.as_deref() {
+            Ok(&[major]) => Version::new(major, 0, 0),
+            Ok(&[major, minor, patch]) => Version::new(major, minor, patch),
+            _ => return Err(NotFound::Tool(tool_id.to_owned())),
         };
         versions.get(&wanted).ok_or_else(|| NotFound::Version {
             tool: name.to_owned(),
@@ -269,6 +273,17 @@ mod tests {
         }
         assert_eq!(index.resolve("a_b.echo").unwrap().toolset, "a_b");
         assert_eq!(index.resolve("a.b_echo").unwrap().toolset, "a");
+    }
+
+    #[test]
+    fn versions_are_integers_so_leading_zeros_name_the_same_version() {
+        let index = Index::build(&[toolset("c", "d")]);
+        for id in ["c.d", "c.d@1", "c.d@01", "c.d@1.0.0", "c.d@01.00.000"] {
+            assert_eq!(index.resolve(id).unwrap().toolset, "c", "{id}");
+        }
+        for id in ["c.d@2", "c.d@1.0.1", "c.d@99999999999999999999"] {
+            assert!(index.resolve(id).is_err(), "{id}");
+        }
     }
 
     #[test]
