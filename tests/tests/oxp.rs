@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use ferry_tests::api::seg;
-use ferry_tests::{Ferry, FerryOptions};
+use ferry_tests::{Ack, Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
 
 fn workspace() -> PathBuf {
@@ -161,15 +161,114 @@ async fn the_official_client_lists_calls_and_reads_errors() {
     assert_eq!(schema["response"]["result"]["value"], "v", "{schema}");
 }
 
+/// `POST /oxp/tools/call` straight over HTTP: the answer's `result`.
+async fn oxp_call(base: &str, tool_id: &str, input: Value, call_id: &str) -> Value {
+    let body = json!({"request": {"tool_id": tool_id, "input": input, "call_id": call_id}});
+    let response = reqwest::Client::new()
+        .post(format!("{base}/oxp/tools/call"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap();
+    match status {
+        200 => answer["result"].clone(),
+        _ => json!({"status": status, "body": answer}),
+    }
+}
+
+#[track_caller]
+fn failed(result: &Value, can_retry: bool) {
+    assert_eq!(result["success"], false, "{result}");
+    assert_eq!(result["error"]["can_retry"], can_retry, "{result}");
+}
+
+/// OXP: "If can_retry is true, the client SHOULD retry the tool call." A
+/// call Ferry could not get to its tool (HTTP 500 until the attempts ran
+/// out) is answered `can_retry: true`, and the retry, with the same
+/// request and `call_id`, runs it again: the tool is invoked afresh and
+/// the answer is the rerun's, under the client's `call_id`. Before, the
+/// retry read the stored failure again, `can_retry` and all. Retrying
+/// once more reads the same answer without another invocation; another
+/// input under the `call_id` is still a conflict; a refusal (4xx) is not
+/// retried; and reruns end after five.
 #[tokio::test]
-async fn transient_dispatch_failures_can_be_retried() {
-    let ferry = Ferry::start(demo_with(&["--max-attempts", "2"])).await;
-    // HTTP 500 five times: Ferry gives up after two attempts.
-    let out = call(&ferry, "demo.flaky", json!({"failures": 5}), &[]).await;
-    let result = &out["response"]["result"];
-    assert_eq!(result["success"], false, "{out}");
-    assert_eq!(result["error"]["can_retry"], true, "{out}");
-    assert!(result["error"]["retry_after_ms"].is_u64());
+async fn a_transient_failure_retried_with_the_same_call_id_runs_again() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    };
+    options.args.extend(["--max-attempts".into(), "2".into()]);
+    let ferry = Ferry::start(options).await;
+    let input = json!({"text": "x"});
+
+    tool.plan(&[Ack::Status(500), Ack::Status(500)]);
+    let first = oxp_call(&ferry.url, "t.op", input.clone(), "c1").await;
+    failed(&first, true);
+    assert_eq!(first["call_id"], "c1");
+    for _ in 0..2 {
+        assert_eq!(tool.next_invocation().await.invocation.id, "c1");
+    }
+
+    let retry = tokio::spawn({
+        let (url, input) = (ferry.url.clone(), input.clone());
+        async move { oxp_call(&url, "t.op", input, "c1").await }
+    });
+    let rerun = tool.next_invocation().await.invocation;
+    assert_ne!(rerun.id, "c1", "a new Ferry call");
+    assert_eq!(rerun.call_id.as_deref(), Some("c1"), "{rerun:?}");
+    assert_eq!(rerun.arguments, input);
+    let posted = reqwest::Client::new()
+        .post(&rerun.callback_url)
+        .json(&json!({"type": "tool_result", "group_id": rerun.group_id, "id": rerun.id, "text": "done"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 200);
+    let answered = retry.await.unwrap();
+    assert_eq!(answered["success"], true, "{answered}");
+    assert_eq!(
+        (&answered["value"], &answered["call_id"]),
+        (&json!("done"), &json!("c1"))
+    );
+
+    let again = oxp_call(&ferry.url, "t.op", input.clone(), "c1").await;
+    assert_eq!(again["value"], "done", "{again}");
+    assert_eq!(tool.invocations().len(), 3, "no fourth invocation");
+    let other = oxp_call(&ferry.url, "t.op", json!({"text": "y"}), "c1").await;
+    assert_eq!(other["status"], 400, "{other}");
+
+    // A refusal would end the same way: not retried.
+    tool.plan(&[Ack::Status(400)]);
+    failed(
+        &oxp_call(&ferry.url, "t.op", input.clone(), "c2").await,
+        false,
+    );
+    failed(
+        &oxp_call(&ferry.url, "t.op", input.clone(), "c2").await,
+        false,
+    );
+    assert_eq!(tool.invocations().len(), 4);
+
+    // The first run and five reruns, then no more.
+    tool.plan(&[Ack::Status(503); 12]);
+    for _ in 0..5 {
+        failed(
+            &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
+            true,
+        );
+    }
+    failed(
+        &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
+        false,
+    );
+    failed(
+        &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
+        false,
+    );
+    assert_eq!(tool.invocations().len(), 4 + 12);
 }
 
 #[tokio::test]

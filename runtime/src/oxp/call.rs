@@ -9,6 +9,14 @@
 //! the same durable call. A call not settled within the wait (a gated call
 //! waiting for its reviewer, a slow tool) is answered `success: false`,
 //! `can_retry: true`: retrying with the same `call_id` picks it up.
+//!
+//! A call Ferry could not get to its tool (unreachable, kept failing, lost)
+//! is answered `can_retry: true` too, and OXP says a client "SHOULD retry"
+//! then, with the same request. The call under that id stays failed (one
+//! outcome per call), so such a retry runs the call again as a new Ferry
+//! call, a *rerun*, whose id derives from the `call_id` and the rerun's
+//! number and whose `call_id` field is the client's; the answer names the
+//! client's `call_id`. At most [`MAX_RERUNS`] reruns per `call_id`.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -19,13 +27,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::{CallStatus, SubmitCall};
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 use tracing::{info, instrument, Instrument};
 
 use super::names::{valid_tool_id, Index, NotFound};
 use super::wire::{request_validator, supported_schema, OxpError, SCHEMA};
 use super::Oxp;
 use crate::engine::Error;
-use crate::thread::{CallRecord, Rejection};
+use crate::thread::{CallRecord, Rejection, Submission};
 
 /// The thread of an OXP call.
 pub fn thread_of(user_id: Option<&str>) -> String {
@@ -38,10 +47,36 @@ pub fn thread_of(user_id: Option<&str>) -> String {
 /// Waits for the reviewer or the tool; the rest is for `call_id` retries.
 const RETRY_AFTER_MS: u64 = 1000;
 
-/// The text a Ferry dispatch failure starts with when the tool refused the
-/// call (a final 4xx): retrying would not help. Other dispatch failures
-/// (unreachable, kept failing with 5xx, lost) are transient.
-const REFUSED: &str = "Error: the tool refused the call";
+/// How many times one `call_id` is run again after transient failures.
+pub const MAX_RERUNS: u32 = 5;
+
+/// How Ferry's failures start when another try may succeed: the tool
+/// could not be reached, kept failing (5xx), took no attempt left after a
+/// restart, or was lost by its tool server. A refusal (4xx) or a result
+/// too large to record would end the same way again.
+const TRANSIENT: [&str; 4] = [
+    "Error: the tool could not be reached",
+    "Error: the tool kept failing",
+    "Error: the tool did not acknowledge",
+    crate::thread::LOST_CALL_TEXT,
+];
+
+/// Whether a call failed in a way another try may not.
+fn failed_transiently(call: &CallRecord) -> bool {
+    call.status == CallStatus::Failed && call.result.as_ref().is_some_and(|r| transient(&r.text))
+}
+
+fn transient(failure: &str) -> bool {
+    TRANSIENT.iter().any(|t| failure.starts_with(t))
+}
+
+/// The id of rerun `n` of `call_id`: fixed length whatever the
+/// `call_id`'s, and no `call_id` a client sends by chance.
+fn rerun_id(call_id: &str, n: u32) -> String {
+    let digest = Sha256::digest(call_id.as_bytes());
+    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("oxp-rerun-{hex}-{n}")
+}
 
 pub async fn call(State(oxp): State<Arc<Oxp>>, req: Request) -> Response {
     match handle(&oxp, req).await {
@@ -146,12 +181,40 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     settle(oxp, submit).instrument(span).await
 }
 
+/// The Ferry call that answers `submit` now: its `call_id`'s own, or,
+/// when that one (and each rerun since) failed transiently with this same
+/// request, the next rerun's. A different request stops at the first, to
+/// be refused as a conflict. Also whether a rerun is left after it.
+async fn current_attempt(oxp: &Oxp, submit: &SubmitCall) -> (String, bool) {
+    let call_id = submit.id.clone().unwrap_or_default();
+    let wanted = Submission {
+        operation: submit.operation.clone(),
+        arguments: submit.arguments.clone(),
+        call_id: submit.call_id.clone(),
+        user_id: submit.user_id.clone(),
+        thread_ancestors: None,
+    };
+    let mut id = call_id.clone();
+    for n in 1..=MAX_RERUNS {
+        match oxp.engine.call(&submit.group_id, &id).await {
+            Ok(call) if call.submission == wanted && failed_transiently(&call) => {
+                id = rerun_id(&call_id, n);
+            }
+            _ => return (id, true),
+        }
+    }
+    (id, false)
+}
+
 #[instrument(skip_all)]
-async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
-    let (group_id, id) = (
-        submit.group_id.clone(),
-        submit.id.clone().unwrap_or_default(),
-    );
+async fn settle(oxp: &Oxp, mut submit: SubmitCall) -> Result<Value, OxpError> {
+    let call_id = submit.id.clone().unwrap_or_default();
+    let (id, reruns_left) = current_attempt(oxp, &submit).await;
+    if id != call_id {
+        info!(rerun = %id, "OXP retry of a call that failed transiently: running it again");
+        submit.id = Some(id.clone());
+    }
+    let group_id = submit.group_id.clone();
     // Like a native submission (run detached from the client's
     // connection, or journaled by a cluster node).
     let deadline = tokio::time::Instant::now() + oxp.wait;
@@ -161,7 +224,7 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
     if taken.journaled {
         info!("OXP call journaled, not yet taken by the cluster");
         return Ok(still_running(
-            &id,
+            &call_id,
             0,
             "the call is journaled; NATS or the cluster's workers did not take it in time",
         ));
@@ -173,7 +236,7 @@ async fn settle(oxp: &Oxp, submit: SubmitCall) -> Result<Value, OxpError> {
         .await
         .map_err(|e| bad("The server could not read the call", e.to_string()))?;
     info!(status = ?call.status, "OXP call answered");
-    Ok(result_of(&group_id, &call))
+    Ok(result_of(&group_id, &call_id, &call, reruns_left))
 }
 
 /// Still on its way: the answer would be "retry later".
@@ -244,9 +307,11 @@ fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
 
-/// The `CallToolResponse` for the call as it stands in thread `group_id`.
-fn result_of(group_id: &str, call: &CallRecord) -> Value {
-    let mut result = json!({"call_id": call.id, "duration": duration_ms(call)});
+/// The `CallToolResponse` for the call as it stands in thread `group_id`,
+/// answering `call_id` (the call's own id, or the id it reruns). A
+/// transient failure can be retried while `reruns_left`.
+fn result_of(group_id: &str, call_id: &str, call: &CallRecord, reruns_left: bool) -> Value {
+    let mut result = json!({"call_id": call_id, "duration": duration_ms(call)});
     let text = call
         .result
         .as_ref()
@@ -273,13 +338,18 @@ fn result_of(group_id: &str, call: &CallRecord) -> Value {
             Err(error(text, "the tool answered with an error", false))
         }
         CallStatus::Failed => {
-            let transient = !text.starts_with(REFUSED);
-            Err(error(
-                text,
-                "Ferry could not get the call to the tool; the call stays failed under its \
-                 call_id, so a retry needs a new call_id",
-                transient,
-            ))
+            let again = failed_transiently(call) && reruns_left;
+            let developer = if again {
+                "Ferry could not get the call to the tool; retrying with the same call_id runs \
+                 it again"
+                    .to_owned()
+            } else if failed_transiently(call) {
+                format!("Ferry could not get the call to the tool, {MAX_RERUNS} reruns included")
+            } else {
+                "Ferry could not get the call to the tool, and trying again would end the same way"
+                    .to_owned()
+            };
+            Err(error(text, &developer, again))
         }
         CallStatus::Rejected => Err(error(text, "the approval gate rejected the call", false)),
         CallStatus::Cancelled => Err(error(
@@ -318,7 +388,7 @@ fn result_of(group_id: &str, call: &CallRecord) -> Value {
         )),
         CallStatus::Queued | CallStatus::Dispatched => {
             return still_running(
-                &call.id,
+                call_id,
                 duration_ms(call),
                 "the wait for the result ended first",
             )
@@ -368,7 +438,40 @@ fn value_of(call: &CallRecord) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::segment;
+    use super::{rerun_id, segment, transient};
+    use ferry_worker::Failure;
+
+    #[test]
+    fn failures_another_try_may_mend_are_transient() {
+        let attempts = 3;
+        for failure in [
+            Failure::Unreachable { attempts },
+            Failure::Exhausted {
+                status: 503,
+                attempts,
+            },
+            Failure::OutOfAttempts { attempts },
+        ] {
+            assert!(transient(&failure.to_string()), "{failure}");
+        }
+        assert!(transient(crate::thread::LOST_CALL_TEXT));
+        let refused = Failure::Refused {
+            status: 400,
+            attempts,
+        };
+        assert!(!transient(&refused.to_string()));
+        assert!(!transient(
+            "Error: the tool's result was larger than this runtime accepts"
+        ));
+    }
+
+    #[test]
+    fn rerun_ids_are_short_and_distinct() {
+        let long = "x".repeat(10_000);
+        assert_eq!(rerun_id(&long, 1).len(), rerun_id("a", 1).len());
+        assert_ne!(rerun_id("a", 1), rerun_id("a", 2));
+        assert_ne!(rerun_id("a", 1), rerun_id("b", 1));
+    }
 
     #[test]
     fn a_path_segment_escapes_what_would_change_the_path() {
