@@ -241,33 +241,19 @@ async fn a_transient_failure_retried_with_the_same_call_id_runs_again() {
     assert_eq!(other["status"], 400, "{other}");
 
     // A refusal would end the same way: not retried.
+    let submit = |call_id: &'static str| oxp_call(&ferry.url, "t.op", input.clone(), call_id);
     tool.plan(&[Ack::Status(400)]);
-    failed(
-        &oxp_call(&ferry.url, "t.op", input.clone(), "c2").await,
-        false,
-    );
-    failed(
-        &oxp_call(&ferry.url, "t.op", input.clone(), "c2").await,
-        false,
-    );
+    failed(&submit("c2").await, false);
+    failed(&submit("c2").await, false);
     assert_eq!(tool.invocations().len(), 4);
 
     // The first run and five reruns, then no more.
     tool.plan(&[Ack::Status(503); 12]);
     for _ in 0..5 {
-        failed(
-            &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
-            true,
-        );
+        failed(&submit("c3").await, true);
     }
-    failed(
-        &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
-        false,
-    );
-    failed(
-        &oxp_call(&ferry.url, "t.op", input.clone(), "c3").await,
-        false,
-    );
+    failed(&submit("c3").await, false);
+    failed(&submit("c3").await, false);
     assert_eq!(tool.invocations().len(), 4 + 12);
 }
 
