@@ -19,6 +19,7 @@ use std::num::NonZeroUsize;
 
 use ferry_proto::api::SubmitCall;
 use lru::LruCache;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// How many unanswered submissions a node keeps: far more than a node
@@ -31,19 +32,77 @@ pub const CAPACITY: usize = 65_536;
 pub type Fingerprint = [u8; 32];
 
 pub fn fingerprint(call: &SubmitCall) -> Fingerprint {
-    let ancestors = call.thread_ancestors.as_ref().filter(|a| !a.is_empty());
-    // MessagePack of a `serde_json::Value` writes object keys in the map's
-    // order, which is sorted (serde_json's `preserve_order` is off; a unit
-    // test below fails if that changes).
-    let bytes = rmp_serde::to_vec(&(
-        &call.operation,
-        &call.arguments,
-        &call.call_id,
-        &call.user_id,
-        ancestors,
-    ))
-    .expect("a submission serializes");
-    Sha256::digest(bytes).into()
+    let mut digest = Sha256::new();
+    let text = |digest: &mut Sha256, text: Option<&str>| match text {
+        None => digest.update(b"-"),
+        Some(text) => {
+            digest.update(b"s");
+            digest.update((text.len() as u64).to_be_bytes());
+            digest.update(text.as_bytes());
+        }
+    };
+    text(&mut digest, Some(&call.operation));
+    value(&mut digest, &call.arguments);
+    text(&mut digest, call.call_id.as_deref());
+    text(&mut digest, call.user_id.as_deref());
+    match call.thread_ancestors.as_ref().filter(|a| !a.is_empty()) {
+        None => digest.update(b"-"),
+        Some(ancestors) => {
+            digest.update((ancestors.len() as u64).to_be_bytes());
+            for ancestor in ancestors {
+                text(&mut digest, Some(ancestor));
+            }
+        }
+    }
+    digest.finalize().into()
+}
+
+/// Feeds `v` to `digest` so that two values hash alike exactly when they
+/// are equal as `serde_json::Value`s, the state machine's comparison:
+/// object keys in sorted order whatever the map keeps, integers apart
+/// from floats (`1` is not `1.0`), and `-0.0` as `0.0` (they are equal).
+fn value(digest: &mut Sha256, v: &Value) {
+    let len = |digest: &mut Sha256, n: usize| digest.update((n as u64).to_be_bytes());
+    match v {
+        Value::Null => digest.update(b"n"),
+        Value::Bool(b) => digest.update(if *b { b"t" } else { b"f" }),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                digest.update(b"u");
+                digest.update(u.to_be_bytes());
+            } else if let Some(i) = n.as_i64() {
+                digest.update(b"i");
+                digest.update(i.to_be_bytes());
+            } else {
+                let f = n.as_f64().unwrap_or_default();
+                digest.update(b"d");
+                digest.update((if f == 0.0 { 0.0 } else { f }).to_bits().to_be_bytes());
+            }
+        }
+        Value::String(s) => {
+            digest.update(b"s");
+            len(digest, s.len());
+            digest.update(s.as_bytes());
+        }
+        Value::Array(items) => {
+            digest.update(b"a");
+            len(digest, items.len());
+            for item in items {
+                value(digest, item);
+            }
+        }
+        Value::Object(map) => {
+            digest.update(b"o");
+            len(digest, map.len());
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (key, item) in entries {
+                len(digest, key.len());
+                digest.update(key.as_bytes());
+                value(digest, item);
+            }
+        }
+    }
 }
 
 /// The call a submission claims, by thread and id.
@@ -167,6 +226,21 @@ mod tests {
             "1 and 1.0 differ (409)"
         );
         assert!(!same(json!({"a": 1, "b": [2, 1]})));
+        assert!(!same(json!({"a": -1, "b": [1, 2]})));
+        assert!(!same(json!({"a": "1", "b": [1, 2]})));
+        assert!(!same(json!({"a": 1, "b": [1, 2], "c": null})));
+        // `0.0 == -0.0` as values, so as bodies (a black-box review found
+        // the first fingerprint told them apart).
+        let zero = |text: &str| {
+            let mut c = base.clone();
+            c.arguments = serde_json::from_str(text).unwrap();
+            fingerprint(&c)
+        };
+        assert_eq!(zero(r#"{"z": 0.0}"#), zero(r#"{"z": -0.0}"#));
+        assert_eq!(zero(r#"{"z": 0.0}"#), zero(r#"{"z": -0}"#));
+        assert_ne!(zero(r#"{"z": 0.0}"#), zero(r#"{"z": 0}"#));
+        // Strings are delimited: ("ab", "c") is not ("a", "bc").
+        assert_ne!(zero(r#"["ab", "c"]"#), zero(r#"["a", "bc"]"#));
         let mut rooted = base.clone();
         rooted.thread_ancestors = Some(vec![]);
         assert_eq!(fingerprint(&rooted), fingerprint(&base), "[] is no field");
@@ -180,6 +254,53 @@ mod tests {
             fingerprint(&base),
             "the key, not the body"
         );
+    }
+
+    /// The rule in one check: over pairs of sample bodies, equal
+    /// fingerprints exactly when the values are equal.
+    #[test]
+    fn fingerprints_agree_with_value_equality() {
+        let samples = [
+            "null",
+            "true",
+            "false",
+            "0",
+            "-0",
+            "0.0",
+            "-0.0",
+            "1",
+            "1.0",
+            "-1",
+            "1e0",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-9223372036854775808",
+            "0.1",
+            "\"\"",
+            "\"0\"",
+            "[]",
+            "{}",
+            "[null]",
+            "[[]]",
+            "[{}]",
+            r#"{"a": 1, "b": 2}"#,
+            r#"{"b": 2, "a": 1}"#,
+            r#"{"a": {"b": 2}}"#,
+            r#"{"ab": "c"}"#,
+            r#"{"a": "bc"}"#,
+            r#"["ab", "c"]"#,
+            r#"["a", "bc"]"#,
+        ];
+        let values: Vec<serde_json::Value> = samples
+            .iter()
+            .map(|s| serde_json::from_str(s).unwrap())
+            .collect();
+        let print = |v: &serde_json::Value| fingerprint(&call("c", v.clone()));
+        for a in &values {
+            for b in &values {
+                assert_eq!(print(a) == print(b), a == b, "{a} vs {b}");
+            }
+        }
     }
 
     #[test]
