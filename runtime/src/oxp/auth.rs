@@ -99,6 +99,12 @@ impl Auth {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
+            // `jsonwebtoken` rounds a fractional `exp` and compares whole
+            // seconds; RFC 7519 §4.1.4: the time "MUST be before" it.
+            if claims.exp <= now {
+                let expired = jsonwebtoken::errors::ErrorKind::ExpiredSignature;
+                return Err(AuthError::Token(expired.into()));
+            }
             if claims.exp > now + MAX_TOKEN_LIFETIME_SECS as f64 {
                 return Err(AuthError::TooLong);
             }
@@ -110,4 +116,50 @@ impl Auth {
 
 fn digest(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    const SECRET: &str = "a-secret-long-enough-for-hs256-tests";
+
+    fn bearer(exp: f64) -> HeaderMap {
+        let claims = serde_json::json!({"sub": "t", "exp": exp});
+        let token = encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn a_fractional_exp_is_read_to_the_fraction() {
+        let auth = Auth::new(&AuthConfig {
+            jwt_secret: Some(SECRET.into()),
+            ..AuthConfig::default()
+        });
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(auth.check(&bearer(now + 60.5)).is_ok());
+        // Expired by less than a second: whole seconds would let it pass.
+        assert!(matches!(
+            auth.check(&bearer(now - 0.3)),
+            Err(AuthError::Token(_))
+        ));
+        assert!(matches!(
+            auth.check(&bearer(now + MAX_TOKEN_LIFETIME_SECS as f64 + 0.7)),
+            Err(AuthError::TooLong)
+        ));
+    }
 }
