@@ -239,6 +239,12 @@ async fn a_transient_failure_retried_with_the_same_call_id_runs_again() {
     assert_eq!(tool.invocations().len(), 3, "no fourth invocation");
     let other = oxp_call(&ferry.url, "t.op", json!({"text": "y"}), "c1").await;
     assert_eq!(other["status"], 400, "{other}");
+    // Rerun ids are Ferry's: a client taking one could block another
+    // client's retries in a shared thread.
+    let taken = oxp_call(&ferry.url, "t.op", input.clone(), &rerun.id).await;
+    assert_eq!(taken["status"], 400, "{taken}");
+    let taken = oxp_call(&ferry.url, "t.op", input.clone(), "oxp-rerun-x-2").await;
+    assert_eq!(taken["status"], 400, "{taken}");
 
     // A refusal would end the same way: not retried.
     let submit = |call_id: &'static str| oxp_call(&ferry.url, "t.op", input.clone(), call_id);

@@ -38,10 +38,14 @@ pub enum AuthError {
     TooLong,
 }
 
+/// The time claims, read to the fraction: `jsonwebtoken` rounds them to
+/// whole seconds, and ignores an `nbf` it cannot read.
 #[derive(Deserialize)]
 struct Claims {
     /// A NumericDate, which RFC 7519 (§2) lets be fractional.
     exp: f64,
+    #[serde(default)]
+    nbf: Option<f64>,
 }
 
 /// Checks requests against the configured credentials.
@@ -101,6 +105,10 @@ impl Auth {
                 .map_or(0.0, |d| d.as_secs_f64());
             // `jsonwebtoken` rounds a fractional `exp` and compares whole
             // seconds; RFC 7519 §4.1.4: the time "MUST be before" it.
+            if claims.nbf.is_some_and(|nbf| nbf > now) {
+                let early = jsonwebtoken::errors::ErrorKind::ImmatureSignature;
+                return Err(AuthError::Token(early.into()));
+            }
             if claims.exp <= now {
                 let expired = jsonwebtoken::errors::ErrorKind::ExpiredSignature;
                 return Err(AuthError::Token(expired.into()));
@@ -126,7 +134,10 @@ mod tests {
     const SECRET: &str = "a-secret-long-enough-for-hs256-tests";
 
     fn bearer(exp: f64) -> HeaderMap {
-        let claims = serde_json::json!({"sub": "t", "exp": exp});
+        signed(serde_json::json!({"sub": "t", "exp": exp}))
+    }
+
+    fn signed(claims: serde_json::Value) -> HeaderMap {
         let token = encode(
             &Header::new(Algorithm::HS256),
             &claims,
@@ -161,5 +172,17 @@ mod tests {
             auth.check(&bearer(now + MAX_TOKEN_LIFETIME_SECS as f64 + 0.7)),
             Err(AuthError::TooLong)
         ));
+        // `nbf` too: not yet valid by less than a second, or unreadable.
+        let exp = now + 60.0;
+        assert!(auth
+            .check(&signed(serde_json::json!({"exp": exp, "nbf": now - 1.0})))
+            .is_ok());
+        for nbf in [serde_json::json!(now + 0.4), serde_json::json!("x")] {
+            let token = signed(serde_json::json!({"exp": exp, "nbf": nbf}));
+            assert!(
+                matches!(auth.check(&token), Err(AuthError::Token(_))),
+                "{nbf}"
+            );
+        }
     }
 }

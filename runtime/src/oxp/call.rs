@@ -70,12 +70,17 @@ fn transient(failure: &str) -> bool {
     TRANSIENT.iter().any(|t| failure.starts_with(t))
 }
 
+/// What every rerun's id starts with; no client's `call_id` may, so that
+/// no client can take a rerun's id (they are derived, so computable) and
+/// block another client's retries in a shared thread.
+const RERUN_PREFIX: &str = "oxp-rerun-";
+
 /// The id of rerun `n` of `call_id`: fixed length whatever the
-/// `call_id`'s, and no `call_id` a client sends by chance.
+/// `call_id`'s.
 fn rerun_id(call_id: &str, n: u32) -> String {
     let digest = Sha256::digest(call_id.as_bytes());
     let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("oxp-rerun-{hex}-{n}")
+    format!("{RERUN_PREFIX}{hex}-{n}")
 }
 
 pub async fn call(State(oxp): State<Arc<Oxp>>, req: Request) -> Response {
@@ -166,6 +171,12 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         .and_then(Value::as_str)
         .map(str::to_owned);
     let id = text("call_id").unwrap_or_else(|| format!("oxp_{}", uuid::Uuid::new_v4().simple()));
+    if id.starts_with(RERUN_PREFIX) {
+        return Err(bad(
+            "The request is malformed",
+            format!("a call_id may not start with {RERUN_PREFIX:?}: Ferry names its reruns so"),
+        ));
+    }
     let group_id = thread_of(user_id.as_deref());
     let span = tracing::info_span!("oxp_call", group_id = ?group_id, call_id = ?id,
         tool_id = ?tool_id, trace_id = text("trace_id").unwrap_or_default());
@@ -346,7 +357,8 @@ fn result_of(group_id: &str, call_id: &str, call: &CallRecord, reruns_left: bool
             } else if failed_transiently(call) {
                 format!("Ferry could not get the call to the tool, {MAX_RERUNS} reruns included")
             } else {
-                "Ferry could not get the call to the tool, and trying again would end the same way"
+                "the call failed in a way another try would repeat (the tool refused it, or its \
+                 result was too large to record)"
                     .to_owned()
             };
             Err(error(text, &developer, again))
