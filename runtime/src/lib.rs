@@ -5,6 +5,7 @@
 pub mod acp;
 pub mod bus;
 pub mod cluster;
+mod digest;
 pub mod engine;
 pub mod http;
 pub mod mcp;

@@ -33,28 +33,35 @@ pub type Fingerprint = [u8; 32];
 
 pub fn fingerprint(call: &SubmitCall) -> Fingerprint {
     let mut digest = Sha256::new();
-    let text = |digest: &mut Sha256, text: Option<&str>| match text {
+    let optional = |digest: &mut Sha256, text: Option<&str>| match text {
         None => digest.update(b"-"),
-        Some(text) => {
-            digest.update(b"s");
-            digest.update((text.len() as u64).to_be_bytes());
-            digest.update(text.as_bytes());
-        }
+        Some(text) => string(digest, text),
     };
-    text(&mut digest, Some(&call.operation));
+    string(&mut digest, &call.operation);
     value(&mut digest, &call.arguments);
-    text(&mut digest, call.call_id.as_deref());
-    text(&mut digest, call.user_id.as_deref());
+    optional(&mut digest, call.call_id.as_deref());
+    optional(&mut digest, call.user_id.as_deref());
     match call.thread_ancestors.as_ref().filter(|a| !a.is_empty()) {
         None => digest.update(b"-"),
         Some(ancestors) => {
-            digest.update((ancestors.len() as u64).to_be_bytes());
+            count(&mut digest, ancestors.len());
             for ancestor in ancestors {
-                text(&mut digest, Some(ancestor));
+                string(&mut digest, ancestor);
             }
         }
     }
     digest.finalize().into()
+}
+
+/// A string, tagged and length-delimited: `("ab", "c")` is not `("a", "bc")`.
+fn string(digest: &mut Sha256, text: &str) {
+    digest.update(b"s");
+    count(digest, text.len());
+    digest.update(text.as_bytes());
+}
+
+fn count(digest: &mut Sha256, n: usize) {
+    digest.update((n as u64).to_be_bytes());
 }
 
 /// Feeds `v` to `digest` so that two values hash alike exactly when they
@@ -62,7 +69,6 @@ pub fn fingerprint(call: &SubmitCall) -> Fingerprint {
 /// object keys in sorted order whatever the map keeps, integers apart
 /// from floats (`1` is not `1.0`), and `-0.0` as `0.0` (they are equal).
 fn value(digest: &mut Sha256, v: &Value) {
-    let len = |digest: &mut Sha256, n: usize| digest.update((n as u64).to_be_bytes());
     match v {
         Value::Null => digest.update(b"n"),
         Value::Bool(b) => digest.update(if *b { b"t" } else { b"f" }),
@@ -79,26 +85,21 @@ fn value(digest: &mut Sha256, v: &Value) {
                 digest.update((if f == 0.0 { 0.0 } else { f }).to_bits().to_be_bytes());
             }
         }
-        Value::String(s) => {
-            digest.update(b"s");
-            len(digest, s.len());
-            digest.update(s.as_bytes());
-        }
+        Value::String(s) => string(digest, s),
         Value::Array(items) => {
             digest.update(b"a");
-            len(digest, items.len());
+            count(digest, items.len());
             for item in items {
                 value(digest, item);
             }
         }
         Value::Object(map) => {
             digest.update(b"o");
-            len(digest, map.len());
+            count(digest, map.len());
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             for (key, item) in entries {
-                len(digest, key.len());
-                digest.update(key.as_bytes());
+                string(digest, key);
                 value(digest, item);
             }
         }
@@ -166,14 +167,6 @@ impl Provisional {
             }
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.by_call.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_call.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -206,7 +199,7 @@ mod tests {
         assert_eq!(claim(&mut p, 5, &other), Err(Conflict));
         p.settle(1);
         assert_eq!(claim(&mut p, 6, &other), Ok(()), "the worker decides now");
-        assert_eq!(p.len(), 2);
+        assert_eq!(p.by_call.len(), 2);
     }
 
     #[test]
@@ -314,7 +307,7 @@ mod tests {
         claim(&mut p, 1, &a).unwrap();
         claim(&mut p, 2, &b).unwrap();
         claim(&mut p, 3, &c).unwrap();
-        assert_eq!(p.len(), 2);
+        assert_eq!(p.by_call.len(), 2);
         assert!(
             !p.by_number.contains_key(&1),
             "the evicted entry's number goes too"

@@ -206,9 +206,7 @@ pub fn placement(ctx: &Context, params: &Map<String, Value>) -> Result<Placement
 /// The thread part of a stateless call named `id`: a digest, since an id
 /// may be as long as a thread name may.
 fn named_thread(id: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(id.as_bytes());
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    crate::digest::sha256_hex(id, 16)
 }
 
 /// A call Ferry accepted for an MCP request.

@@ -59,9 +59,11 @@ impl Auth {
         let jwt = config.jwt_secret.as_ref().map(|secret| {
             let mut validation = Validation::new(Algorithm::HS256);
             validation.set_required_spec_claims(&["exp"]);
-            validation.leeway = 0;
-            // RFC 7519 §4.1.5: not accepted before its `nbf`.
-            validation.validate_nbf = true;
+            // `exp` and `nbf` (RFC 7519 §4.1.4, §4.1.5) are checked in
+            // `check`, to the fraction of a second: the library rounds
+            // them to whole seconds.
+            validation.validate_exp = false;
+            validation.validate_nbf = false;
             // With no audience configured, a token naming one is refused:
             // it was issued for someone else.
             if let Some(aud) = &config.jwt_audience {

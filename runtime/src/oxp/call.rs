@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::{CallStatus, SubmitCall};
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 use tracing::{info, instrument, Instrument};
 
 use super::names::{valid_tool_id, Index, NotFound};
@@ -78,9 +77,10 @@ const RERUN_PREFIX: &str = "oxp-rerun-";
 /// The id of rerun `n` of `call_id`: fixed length whatever the
 /// `call_id`'s.
 fn rerun_id(call_id: &str, n: u32) -> String {
-    let digest = Sha256::digest(call_id.as_bytes());
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{RERUN_PREFIX}{hex}-{n}")
+    format!(
+        "{RERUN_PREFIX}{}-{n}",
+        crate::digest::sha256_hex(call_id, 12)
+    )
 }
 
 pub async fn call(State(oxp): State<Arc<Oxp>>, req: Request) -> Response {

@@ -16,7 +16,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use semver::Version;
-use sha2::{Digest, Sha256};
 
 use crate::engine::RegisteredToolset;
 
@@ -28,8 +27,7 @@ fn fits(part: &str) -> bool {
 }
 
 fn short_hash(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
+    crate::digest::sha256_hex(text, 4)
 }
 
 /// One part of an OXP id for a Ferry toolset or tool name.
