@@ -814,6 +814,10 @@ async fn a_request_applied_twice_records_its_subscription_event_once() {
     let inbox = ferry_runtime::cluster::subjects::inbox("g");
     let mut relayed = nats.subscribe(inbox.clone()).await.unwrap();
     let mut answers = nats.subscribe("test.answers").await.unwrap();
+    // A subscription is only sent, not confirmed: a round trip on the same
+    // connection makes sure the server has it before A publishes.
+    let js = async_nats::jetstream::new(nats);
+    js.query_account().await.unwrap();
     let event =
         json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": "tick"});
     let (status, body) = a.post(&url, &event).await;
@@ -833,7 +837,6 @@ async fn a_request_applied_twice_records_its_subscription_event_once() {
     );
     // The same request again, then another with the same body (a tool
     // that sent the event twice: a second event).
-    let js = async_nats::jetstream::new(nats);
     for (message, request) in [("again", request_id.as_str()), ("other", "other")] {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", message);
