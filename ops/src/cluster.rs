@@ -11,6 +11,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use ferry_runtime::bus::jetstream::JetStreamBus;
 use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
+use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
 use ferry_runtime::store::jetstream::JetStreamStore;
@@ -48,6 +49,8 @@ pub struct RuntimeOptions {
     pub reply_wait: Duration,
     pub oxp: ferry_runtime::oxp::OxpConfig,
     pub mcp: ferry_runtime::mcp::McpConfig,
+    /// The native API's tokens (none: it asks for none).
+    pub api_tokens: ApiTokens,
 }
 
 #[derive(Debug, Clone)]
@@ -297,15 +300,19 @@ pub async fn start_runtime(
     )
     .await?;
     info!(backlog = relay.backlog(), node, "relay started");
-    let app = ferry_runtime::http::router_with(engine.clone(), metrics, relay.clone()).merge(
-        crate::serve::protocol_fronts(
-            &engine,
-            relay.clone(),
-            &public_url,
-            &options.oxp,
-            &options.mcp,
-        ),
-    );
+    let app = ferry_runtime::http::router_with(
+        engine.clone(),
+        metrics,
+        relay.clone(),
+        options.api_tokens.clone(),
+    )
+    .merge(crate::serve::protocol_fronts(
+        &engine,
+        relay.clone(),
+        &public_url,
+        &options.oxp,
+        &options.mcp,
+    ));
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(crate::serve::no_delay), app)
             .with_graceful_shutdown(shutdown)

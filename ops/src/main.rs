@@ -86,9 +86,20 @@ struct Serve {
     dispatch: DispatchArgs,
 }
 
-/// The MCP and OXP fronts, on `serve` and on cluster runtime nodes.
+/// The native API's tokens and the MCP and OXP fronts, on `serve` and on
+/// cluster runtime nodes.
 #[derive(Args)]
 struct FrontArgs {
+    /// Require `Authorization: Bearer <token>` on the native API, but for
+    /// tools' callbacks, `/healthz` and the dashboard's page (repeatable:
+    /// any one is accepted; 16 to 512 characters of a bearer token).
+    #[arg(
+        long = "api-token",
+        env = "FERRY_API_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_tokens: Vec<String>,
     /// OXP: HS256 secret for `Authorization: Bearer` JWTs (turns OXP auth on).
     #[arg(long, env = "FERRY_OXP_JWT_SECRET", hide_env_values = true)]
     oxp_jwt_secret: Option<String>,
@@ -128,6 +139,10 @@ struct FrontArgs {
 }
 
 impl FrontArgs {
+    fn api_tokens(&self) -> anyhow::Result<ferry_runtime::http::auth::ApiTokens> {
+        ferry_runtime::http::auth::ApiTokens::new(&self.api_tokens).context("--api-token")
+    }
+
     fn oxp(&self, max_body_bytes: usize) -> ferry_runtime::oxp::OxpConfig {
         ferry_runtime::oxp::OxpConfig {
             auth: ferry_runtime::oxp::AuthConfig {
@@ -359,6 +374,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         dispatch: args.dispatch.config()?,
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
+        api_tokens: args.fronts.api_tokens()?,
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // Lines on stdout for scripts and tests: where the demo tool and Ferry
@@ -383,6 +399,7 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         reply_wait: Duration::from_millis(args.reply_wait_ms),
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
+        api_tokens: args.fronts.api_tokens()?,
     };
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use ferry_runtime::bus::LocalBus;
+use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::SledStore;
 use ferry_runtime::token::Capabilities;
@@ -37,6 +38,8 @@ pub struct ServeOptions {
     pub oxp: ferry_runtime::oxp::OxpConfig,
     /// The MCP front's allow-lists and token.
     pub mcp: ferry_runtime::mcp::McpConfig,
+    /// The native API's tokens (none: it asks for none).
+    pub api_tokens: ApiTokens,
 }
 
 impl Default for ServeOptions {
@@ -52,6 +55,7 @@ impl Default for ServeOptions {
             dispatch: DispatchConfig::default(),
             oxp: Default::default(),
             mcp: Default::default(),
+            api_tokens: ApiTokens::default(),
         }
     }
 }
@@ -205,13 +209,10 @@ pub async fn start(
     tokio::spawn(checks);
 
     let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
-    let app = ferry_runtime::http::router(engine.clone(), metrics).merge(protocol_fronts(
-        &engine,
-        perform,
-        &public_url,
-        &options.oxp,
-        &options.mcp,
-    ));
+    let app =
+        ferry_runtime::http::router(engine.clone(), metrics, options.api_tokens.clone()).merge(
+            protocol_fronts(&engine, perform, &public_url, &options.oxp, &options.mcp),
+        );
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(no_delay), app)
             .with_graceful_shutdown(shutdown)

@@ -31,6 +31,22 @@ impl Api {
         }
     }
 
+    /// A client that sends `Authorization: Bearer <token>` with every
+    /// request (for a Ferry started with `--api-token`).
+    pub fn with_token(base: &str, token: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {token}").parse().expect("a header value");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         answer(
             self.client

@@ -768,6 +768,49 @@ async fn a_stream_an_older_ferry_made_gains_the_republish_and_keeps_the_rest() {
     assert_eq!(body["events"][0]["type"], "call_accepted", "{body}");
 }
 
+/// A runtime node takes `--api-token` as `ferry serve` does: its native
+/// API asks for a token (its callbacks do not).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_nodes_api_asks_for_its_token() {
+    let nats = Nats::start().await;
+    let tool = TestTool::start("t", &["op"]).await;
+    let token = "node-token-0123456789";
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::runtime(&nats.url())
+    };
+    options.args.extend(["--api-token".into(), token.into()]);
+    let a = Ferry::start(options).await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let (status, body) = a.api().get("/v1/tools").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, body) = a
+        .api()
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    assert_eq!(status, 401, "{body}");
+    let agent = Api::with_token(&a.url, token);
+    let (status, body) = agent
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let sent = tool.next_invocation().await.invocation;
+    let (status, body) = a
+        .api()
+        .post(&sent.callback_url, &result("g", "c", "done"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, call) = agent.call("g", "c").await;
+    assert_eq!(
+        (status, call["status"].as_str()),
+        (200, Some("completed")),
+        "{call}"
+    );
+}
+
 /// A worker keeps calls waiting out a `Retry-After` in hand without
 /// letting them hold up another tool's calls (the single-node test is in
 /// `dispatch.rs`).

@@ -70,14 +70,23 @@ fn page_shows(tab: &headless_chrome::Tab, js: &str, want: &serde_json::Value) ->
     }
     last
 }
+/// On a Ferry that asks for an API token (`--api-token`), opened as
+/// `/ui#token=…`: the page's requests carry the token, and the address
+/// bar no longer shows it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
     let tool = TestTool::with_manifest(json!({"name": "db", "tools": [{
         "name": "drop_table", "description": "drops a table", "inputSchema": {"type": "object"},
         "annotations": {"destructive": true}}]}))
     .await;
-    let ferry = Ferry::with_tool(&tool).await;
-    let api = ferry.api();
+    let token = "reviewers-token-0123456789";
+    let mut options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    };
+    options.args.extend(["--api-token".into(), token.into()]);
+    let ferry = Ferry::start(options).await;
+    let api = ferry_tests::Api::with_token(&ferry.url, token);
     let (status, reply) = api
         .submit(json!({"operation": "drop_table", "arguments": {"table": "users"}, "group_id": "g", "id": "c", "user_id": "ana"}))
         .await;
@@ -86,7 +95,7 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         (202, Some("pending_approval"))
     );
 
-    let page = format!("{}/ui", ferry.url);
+    let page = format!("{}/ui#token={token}", ferry.url);
     let mut browser_side = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
         let browser = browser()?;
         let tab = browser.new_tab()?;
@@ -97,6 +106,14 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         anyhow::ensure!(
             shown.contains("db.drop_table") && shown.contains("users"),
             "approval row: {shown}"
+        );
+        let address = tab.evaluate("location.href", false)?.value;
+        anyhow::ensure!(
+            address
+                .as_ref()
+                .and_then(|a| a.as_str())
+                .is_some_and(|a| !a.contains("token")),
+            "the token stayed in the address bar: {address:?}"
         );
         tab.wait_for_element(&format!(r#"{row} button[data-option="allow_once"]"#))?
             .click()?;

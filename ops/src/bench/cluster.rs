@@ -143,6 +143,7 @@ pub async fn deploy(
             reply_wait: Duration::from_secs(30),
             oxp: Default::default(),
             mcp: Default::default(),
+            api_tokens: Default::default(),
         };
         let (running, server) = start_runtime(options, None, std::future::pending()).await?;
         bases.push(format!("http://{}", running.addr));

@@ -139,7 +139,7 @@ mod tests {
                 .body(Body::from(result.to_string()))
                 .unwrap()
         };
-        let router = super::super::router(engine, None);
+        let router = super::super::router(engine, None, Default::default());
 
         store.poison();
         let answer = router.clone().oneshot(post()).await.unwrap();

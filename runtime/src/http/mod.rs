@@ -2,6 +2,7 @@
 //! shape the answer. Status codes and error codes are chosen in `error`.
 
 mod approvals;
+pub mod auth;
 pub(crate) mod body;
 mod callbacks;
 pub(crate) mod calls;
@@ -157,17 +158,56 @@ impl AppState {
 }
 
 /// The whole native API of a single process.
-pub fn router(engine: Arc<Engine>, metrics: Option<MetricsRender>) -> Router {
+pub fn router(
+    engine: Arc<Engine>,
+    metrics: Option<MetricsRender>,
+    tokens: auth::ApiTokens,
+) -> Router {
     let perform = Arc::new(Local(engine.clone()));
-    router_with(engine, metrics, perform)
+    router_with(engine, metrics, perform, tokens)
 }
 
-/// The whole native API, with mutating requests going to `perform`.
+/// The whole native API, with mutating requests going to `perform`. With
+/// `tokens`, all of it but tools' callbacks, the health check and the
+/// dashboard's page asks for one of them.
 pub fn router_with(
     engine: Arc<Engine>,
     metrics: Option<MetricsRender>,
     perform: Arc<dyn Perform>,
+    tokens: auth::ApiTokens,
 ) -> Router {
+    let open = Router::new()
+        .route("/v1/callbacks/{token}", post(callbacks::receive))
+        .route("/ui", get(ui::page))
+        .route("/ui/", get(ui::page))
+        .route("/healthz", get(ops::healthz));
+    let guarded = guarded_routes();
+    let guarded = if tokens.required() {
+        guarded.layer(axum::middleware::from_fn_with_state(
+            tokens,
+            auth::require_token,
+        ))
+    } else {
+        guarded
+    };
+    open.merge(guarded)
+        .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        // Bodies are limited by `body::read_bytes`, which answers 413 itself.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            origin::Origins::new(&engine.config().public_url),
+            origin::refuse_cross_site,
+        ))
+        .with_state(AppState {
+            engine,
+            metrics,
+            perform,
+        })
+}
+
+/// Every route an API token guards (when there are tokens).
+fn guarded_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
         .route(
@@ -207,22 +247,5 @@ pub fn router_with(
             "/v1/threads/{group_id}/grants/{tool}",
             delete(approvals::revoke),
         )
-        .route("/v1/callbacks/{token}", post(callbacks::receive))
-        .route("/ui", get(ui::page))
-        .route("/ui/", get(ui::page))
-        .route("/healthz", get(ops::healthz))
         .route("/metrics", get(ops::metrics))
-        .fallback(ops::not_found)
-        .method_not_allowed_fallback(ops::method_not_allowed)
-        // Bodies are limited by `body::read_bytes`, which answers 413 itself.
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn_with_state(
-            origin::Origins::new(&engine.config().public_url),
-            origin::refuse_cross_site,
-        ))
-        .with_state(AppState {
-            engine,
-            metrics,
-            perform,
-        })
 }

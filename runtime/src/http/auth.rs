@@ -1,0 +1,179 @@
+//! Optional bearer tokens for the native API (`--api-token`). Without
+//! them the API trusts whoever reaches it; with them every request but a
+//! tool's callback (its URL is its own capability), the health check and
+//! the dashboard's page (whose requests carry the token) must send
+//! `Authorization: Bearer <one of the tokens>`, or get 401 and change
+//! nothing. Several tokens may be accepted at once, so that one can be
+//! rotated without a gap.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+use super::ApiError;
+
+/// Shortest token accepted: guessing must not be practical.
+pub const MIN_TOKEN_CHARS: usize = 16;
+/// Longest token accepted.
+pub const MAX_TOKEN_CHARS: usize = 512;
+
+/// Why a configured token is unusable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "an API token must be {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters of a bearer token \
+     (letters, digits and -._~+/, then any = padding); got {0}"
+)]
+pub struct BadToken(String);
+
+/// The tokens the native API accepts, kept as SHA-256 digests so that
+/// comparing them takes the same time whatever a guess shares with them.
+#[derive(Clone, Default)]
+pub struct ApiTokens {
+    digests: Arc<[[u8; 32]]>,
+}
+
+impl ApiTokens {
+    /// Checks each token's syntax (RFC 6750's `b64token`, as a client
+    /// can send it in an `Authorization` header) and length.
+    pub fn new<S: AsRef<str>>(tokens: &[S]) -> Result<Self, BadToken> {
+        let digests = tokens
+            .iter()
+            .map(|t| {
+                let t = t.as_ref();
+                if is_b64token(t) && (MIN_TOKEN_CHARS..=MAX_TOKEN_CHARS).contains(&t.len()) {
+                    Ok(Sha256::digest(t.as_bytes()).into())
+                } else {
+                    Err(BadToken(describe(t)))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            digests: digests.into(),
+        })
+    }
+
+    /// Whether the API asks for a token at all.
+    pub fn required(&self) -> bool {
+        !self.digests.is_empty()
+    }
+
+    /// Whether `given` is one of the tokens. Every digest is compared in
+    /// full, with no early exit.
+    fn accepts(&self, given: &str) -> bool {
+        let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+        self.digests.iter().fold(false, |found, digest| {
+            let diff = digest
+                .iter()
+                .zip(&given)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b));
+            found | (diff == 0)
+        })
+    }
+}
+
+/// Says how many tokens there are, never what they are.
+impl std::fmt::Debug for ApiTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiTokens({} configured)", self.digests.len())
+    }
+}
+
+/// RFC 6750: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
+fn is_b64token(token: &str) -> bool {
+    let body = token.trim_end_matches('=');
+    !body.is_empty()
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b))
+}
+
+/// What was wrong with a token, without repeating the token itself.
+fn describe(token: &str) -> String {
+    if is_b64token(token) {
+        format!("{} characters", token.chars().count())
+    } else {
+        "characters a bearer token cannot hold".into()
+    }
+}
+
+/// Refuses a request without one of the tokens (401, `unauthorized`).
+pub async fn require_token(
+    State(tokens): State<ApiTokens>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(super::bearer_token);
+    if given.is_some_and(|t| tokens.accepts(t)) {
+        return next.run(request).await;
+    }
+    tracing::warn!(
+        path = %request.uri().path(),
+        sent = given.is_some(),
+        "request without a valid API token refused"
+    );
+    let mut response = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "this Ferry requires `Authorization: Bearer <API token>` (one of its --api-token values)",
+    )
+    .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"ferry\""),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "s3cret-token-0123456789";
+
+    #[test]
+    fn only_the_configured_tokens_are_accepted() {
+        let tokens = ApiTokens::new(&[TOKEN, "another.token_of~ours+/=="]).unwrap();
+        assert!(tokens.required());
+        assert!(tokens.accepts(TOKEN));
+        assert!(tokens.accepts("another.token_of~ours+/=="));
+        for refused in [
+            "",
+            "s3cret-token-012345678",
+            "S3CRET-TOKEN-0123456789",
+            " s3cret",
+        ] {
+            assert!(!tokens.accepts(refused), "{refused:?}");
+        }
+        assert!(!ApiTokens::default().required());
+    }
+
+    #[test]
+    fn unusable_tokens_are_refused_without_being_repeated() {
+        let long = "a".repeat(MAX_TOKEN_CHARS + 1);
+        for bad in [
+            "",
+            "short",
+            "=================",
+            "with space in it!!",
+            "tab\tinside-a-token",
+            &long,
+        ] {
+            let error = ApiTokens::new(&[bad])
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            if bad.len() > 3 {
+                assert!(!error.to_string().contains(bad), "{error}");
+            }
+        }
+        assert!(ApiTokens::new(&["a".repeat(MAX_TOKEN_CHARS)]).is_ok());
+        assert!(ApiTokens::new::<&str>(&[]).is_ok());
+    }
+}
