@@ -93,7 +93,9 @@ fn is_b64token(token: &str) -> bool {
 
 /// What was wrong with a token, without repeating the token itself.
 fn describe(token: &str) -> String {
-    if is_b64token(token) {
+    if token.is_empty() {
+        "an empty one".into()
+    } else if is_b64token(token) {
         format!("{} characters", token.chars().count())
     } else {
         "characters a bearer token cannot hold".into()
@@ -175,5 +177,9 @@ mod tests {
         }
         assert!(ApiTokens::new(&["a".repeat(MAX_TOKEN_CHARS)]).is_ok());
         assert!(ApiTokens::new::<&str>(&[]).is_ok());
+        assert!(ApiTokens::new(&[""])
+            .unwrap_err()
+            .to_string()
+            .ends_with("got an empty one"));
     }
 }
