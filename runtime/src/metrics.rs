@@ -9,6 +9,7 @@ pub const OUTCOMES: &str = "ferry_call_outcomes_total";
 pub const ACTIVE_SUBSCRIPTIONS: &str = "ferry_active_subscriptions";
 pub const COMMIT_BATCH: &str = "ferry_commit_batch_size";
 pub const WRITE_CONFLICTS: &str = "ferry_write_conflicts_total";
+pub const UNAUTHORIZED: &str = "ferry_api_unauthorized_total";
 
 /// Registers descriptions with whatever recorder is installed.
 pub fn describe() {
@@ -19,6 +20,10 @@ pub fn describe() {
         "tool callbacks received, by type and outcome (applied, duplicate, ignored, rejected)"
     );
     describe_counter!(OUTCOMES, "calls ended, by status");
+    describe_counter!(
+        UNAUTHORIZED,
+        "native API requests refused for a missing or wrong --api-token"
+    );
     describe_counter!(
         WRITE_CONFLICTS,
         "thread writes that lost a compare-and-set race and were decided again"

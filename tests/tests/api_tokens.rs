@@ -61,9 +61,16 @@ async fn without_a_valid_token_the_api_refuses_and_changes_nothing() {
     ] {
         let response = send(&ferry, post.clone(), "/v1/calls", authorization).await;
         assert_eq!(response.status(), 401, "{authorization:?}");
+        // RFC 6750 §3.1: a refused token is `invalid_token`.
+        let challenge = if authorization.is_some_and(|a| a.starts_with("Bearer ") && a.len() > 7) {
+            "Bearer realm=\"ferry\", error=\"invalid_token\""
+        } else {
+            "Bearer realm=\"ferry\""
+        };
         assert_eq!(
             response.headers()["www-authenticate"],
-            "Bearer realm=\"ferry\""
+            challenge,
+            "{authorization:?}"
         );
         let body: serde_json::Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "unauthorized", "{body}");
@@ -124,12 +131,23 @@ async fn with_a_token_calls_work_and_tools_call_back_without_one() {
     assert_eq!(response.status(), 200);
     let call: serde_json::Value = response.json().await.unwrap();
     assert_eq!(call["status"], "completed", "{call}");
-    // What needs no token: the health check, the dashboard's page, and
-    // the OXP front (its own auth is off here).
-    for path in ["/healthz", "/ui", "/oxp/tools"] {
+    // What needs no token: the health check and the dashboard's page.
+    for path in ["/healthz", "/ui", "/ui/"] {
         let response = send(&ferry, reqwest::Method::GET, path, None).await;
         assert_eq!(response.status(), 200, "{path}");
     }
+    // OXP, given no credentials of its own, asks for an API token (as
+    // `/mcp` does: `mcp.rs`), in its own error shape.
+    let get = reqwest::Method::GET;
+    let refused = send(&ferry, get.clone(), "/oxp/tools", None).await;
+    assert_eq!(refused.status(), 401);
+    let wrong = send(&ferry, get.clone(), "/oxp/tools", Some("Bearer nope")).await;
+    assert_eq!(wrong.status(), 401);
+    let bearer = format!("Bearer {TOKEN}");
+    let listed = send(&ferry, get, "/oxp/tools", Some(&bearer)).await;
+    assert_eq!(listed.status(), 200);
+    let listed: serde_json::Value = listed.json().await.unwrap();
+    assert!(listed.to_string().contains("echo"), "{listed}");
 }
 
 /// A token that could not be sent, or is too short to be safe, stops

@@ -100,6 +100,19 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         let browser = browser()?;
         let tab = browser.new_tab()?;
         tab.set_default_timeout(Duration::from_secs(30));
+        // A fragment that is not percent-encoding, or a token no header
+        // can carry: the page says it needs the token, and the address
+        // bar is cleared all the same (a review saw the first stop the
+        // page's script, the token left in the address bar).
+        let base = page.split('#').next().unwrap_or_default().to_owned();
+        for bad in ["/#token=%", "?other#token=%E2%82%AC"] {
+            tab.navigate_to(&format!("{base}{bad}"))?
+                .wait_until_navigated()?;
+            let asks = "document.getElementById('live').textContent.includes('API token') \
+                        && !location.href.includes('token')";
+            let shown = page_shows(&tab, asks, &serde_json::Value::Bool(true));
+            anyhow::ensure!(shown == serde_json::Value::Bool(true), "{bad}: {shown}");
+        }
         tab.navigate_to(&page)?.wait_until_navigated()?;
         let row = r#"#approvals tr[data-call="g/c"]"#;
         let shown = tab.wait_for_element(row)?.get_inner_text()?;

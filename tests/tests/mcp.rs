@@ -655,6 +655,34 @@ async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
     assert_eq!(right.status, 200, "{}", right.body);
 }
 
+/// README, API tokens: without a token of its own, `/mcp` asks for one
+/// of the native API's `--api-token`s, so that setting them leaves no
+/// way around them (a review ran a tool through `/mcp` without any).
+#[tokio::test]
+async fn without_its_own_token_mcp_asks_for_an_api_token() {
+    let mut options = FerryOptions {
+        demo: true,
+        ..FerryOptions::default()
+    };
+    options.args.extend([
+        "--api-token".to_owned(),
+        "agents-token-0123456789".to_owned(),
+    ]);
+    let guarded = Ferry::start(options).await;
+    let raw = Raw::new(&guarded);
+    let init = initialize_request();
+    let missing = raw.send(init.clone(), &[]).await;
+    assert_eq!(missing.status, 401);
+    let wrong = raw
+        .send(init.clone(), &[("authorization", "Bearer t0ken")])
+        .await;
+    assert_eq!(wrong.status, 401);
+    let right = raw
+        .send(init, &[("authorization", "Bearer agents-token-0123456789")])
+        .await;
+    assert_eq!(right.status, 200, "{}", right.body);
+}
+
 /// README, MCP security: a `Host` or `Origin` of the public URL is
 /// Ferry's own, not a rebinding; another site's origin still gets 403.
 #[tokio::test]

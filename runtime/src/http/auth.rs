@@ -4,7 +4,9 @@
 //! the dashboard's page (whose requests carry the token) must send
 //! `Authorization: Bearer <one of the tokens>`, or get 401 and change
 //! nothing. Several tokens may be accepted at once, so that one can be
-//! rotated without a gap.
+//! rotated without a gap. The MCP and OXP fronts take the same tokens
+//! when they are given no credentials of their own, so that setting a
+//! token never leaves another way in open.
 
 use std::sync::Arc;
 
@@ -16,7 +18,8 @@ use sha2::{Digest, Sha256};
 
 use super::ApiError;
 
-/// Shortest token accepted: guessing must not be practical.
+/// Shortest token accepted, `=` padding not counted: guessing must not be
+/// practical.
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Longest token accepted.
 pub const MAX_TOKEN_CHARS: usize = 512;
@@ -25,7 +28,8 @@ pub const MAX_TOKEN_CHARS: usize = 512;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
     "an API token must be {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters of a bearer token \
-     (letters, digits and -._~+/, then any = padding); got {0}"
+     (letters, digits and -._~+/, then any = padding, which does not count towards the \
+     {MIN_TOKEN_CHARS}); got {0}"
 )]
 pub struct BadToken(String);
 
@@ -44,7 +48,8 @@ impl ApiTokens {
             .iter()
             .map(|t| {
                 let t = t.as_ref();
-                if is_b64token(t) && (MIN_TOKEN_CHARS..=MAX_TOKEN_CHARS).contains(&t.len()) {
+                let unpadded = t.trim_end_matches('=').len();
+                if is_b64token(t) && unpadded >= MIN_TOKEN_CHARS && t.len() <= MAX_TOKEN_CHARS {
                     Ok(Sha256::digest(t.as_bytes()).into())
                 } else {
                     Err(BadToken(describe(t)))
@@ -63,7 +68,7 @@ impl ApiTokens {
 
     /// Whether `given` is one of the tokens. Every digest is compared in
     /// full, with no early exit.
-    fn accepts(&self, given: &str) -> bool {
+    pub(crate) fn accepts(&self, given: &str) -> bool {
         let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         self.digests.iter().fold(false, |found, digest| {
             let diff = digest
@@ -93,10 +98,17 @@ fn is_b64token(token: &str) -> bool {
 
 /// What was wrong with a token, without repeating the token itself.
 fn describe(token: &str) -> String {
+    let unpadded = token.trim_end_matches('=');
     if token.is_empty() {
         "an empty one".into()
+    } else if unpadded.is_empty() {
+        "nothing but = padding".into()
     } else if is_b64token(token) {
-        format!("{} characters", token.chars().count())
+        format!(
+            "{} characters before the padding, {} in all",
+            unpadded.len(),
+            token.len()
+        )
     } else {
         "characters a bearer token cannot hold".into()
     }
@@ -116,20 +128,26 @@ pub async fn require_token(
     if given.is_some_and(|t| tokens.accepts(t)) {
         return next.run(request).await;
     }
-    tracing::warn!(
-        path = %request.uri().path(),
-        sent = given.is_some(),
-        "request without a valid API token refused"
-    );
+    // Counted, and logged at debug only: anyone can send these, and a
+    // line each would let them flood the log.
+    let reason = if given.is_some() { "wrong" } else { "missing" };
+    metrics::counter!(crate::metrics::UNAUTHORIZED, "token" => reason).increment(1);
+    tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
     let mut response = ApiError::new(
         StatusCode::UNAUTHORIZED,
         "unauthorized",
         "this Ferry requires `Authorization: Bearer <API token>` (one of its --api-token values)",
     )
     .into_response();
+    // RFC 6750 §3.1: a token that was sent and refused is `invalid_token`.
+    let challenge = if given.is_some() {
+        "Bearer realm=\"ferry\", error=\"invalid_token\""
+    } else {
+        "Bearer realm=\"ferry\""
+    };
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"ferry\""),
+        HeaderValue::from_static(challenge),
     );
     response
 }
@@ -160,6 +178,7 @@ mod tests {
     #[test]
     fn unusable_tokens_are_refused_without_being_repeated() {
         let long = "a".repeat(MAX_TOKEN_CHARS + 1);
+        let padded = format!("{}{}", "a".repeat(MIN_TOKEN_CHARS - 1), "=".repeat(8));
         for bad in [
             "",
             "short",
@@ -167,6 +186,7 @@ mod tests {
             "with space in it!!",
             "tab\tinside-a-token",
             &long,
+            &padded,
         ] {
             let error = ApiTokens::new(&[bad])
                 .err()
@@ -181,5 +201,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .ends_with("got an empty one"));
+        let only_padding = ApiTokens::new(&["================"]).unwrap_err();
+        assert!(only_padding.to_string().ends_with("nothing but = padding"));
+        let padded = format!("{}=", "a".repeat(MIN_TOKEN_CHARS));
+        assert!(ApiTokens::new(&[padded]).is_ok());
     }
 }

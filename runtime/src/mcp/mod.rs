@@ -45,6 +45,9 @@ pub struct McpConfig {
     pub allowed_origins: Vec<String>,
     /// When set, every request must carry `Authorization: Bearer <token>`.
     pub bearer_token: Option<String>,
+    /// The native API's tokens: without a `bearer_token`, one of these
+    /// is required instead (when there are any).
+    pub api_tokens: crate::http::auth::ApiTokens,
     pub max_body_bytes: usize,
 }
 
@@ -54,6 +57,7 @@ impl Default for McpConfig {
             allowed_hosts: vec![],
             allowed_origins: vec![],
             bearer_token: None,
+            api_tokens: Default::default(),
             max_body_bytes: 1 << 20,
         }
     }

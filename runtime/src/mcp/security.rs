@@ -87,17 +87,20 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
             ));
         }
     }
-    if let Some(token) = &config.bearer_token {
-        let given = text(header::AUTHORIZATION)
-            .and_then(crate::http::bearer_token)
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            return Err(RpcError::transport(
-                401,
-                INVALID_REQUEST,
-                "Unauthorized: a valid bearer token is required",
-            ));
-        }
+    let given = text(header::AUTHORIZATION)
+        .and_then(crate::http::bearer_token)
+        .unwrap_or("");
+    // `--mcp-bearer-token` when given, else the native API's tokens.
+    let accepted = match &config.bearer_token {
+        Some(token) => constant_time_eq(given.as_bytes(), token.as_bytes()),
+        None => !config.api_tokens.required() || config.api_tokens.accepts(given),
+    };
+    if !accepted {
+        return Err(RpcError::transport(
+            401,
+            INVALID_REQUEST,
+            "Unauthorized: a valid bearer token is required",
+        ));
     }
     Ok(())
 }
@@ -223,5 +226,46 @@ mod tests {
             HeaderValue::from_static("Bearer s3cret"),
         );
         assert!(check(&config, &h).is_ok());
+    }
+
+    /// Without a token of its own, `/mcp` takes the native API's tokens;
+    /// with one, only its own.
+    #[test]
+    fn the_api_tokens_guard_mcp_unless_it_has_its_own() {
+        let api_token = "agents-token-0123456789";
+        let api_tokens = crate::http::auth::ApiTokens::new(&[api_token]).unwrap();
+        let with = |authorization: Option<&str>| {
+            let mut h = headers("localhost", None);
+            if let Some(value) = authorization {
+                h.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+            }
+            h
+        };
+        let config = McpConfig {
+            api_tokens: api_tokens.clone(),
+            ..McpConfig::default()
+        };
+        let api_bearer = format!("Bearer {api_token}");
+        assert_eq!(check(&config, &with(None)).unwrap_err().http_status, 401);
+        assert_eq!(
+            check(&config, &with(Some("Bearer wrong!")))
+                .unwrap_err()
+                .http_status,
+            401
+        );
+        assert!(check(&config, &with(Some(&api_bearer))).is_ok());
+        let own = McpConfig {
+            bearer_token: Some("s3cret".into()),
+            api_tokens,
+            ..McpConfig::default()
+        };
+        assert_eq!(
+            check(&own, &with(Some(&api_bearer)))
+                .unwrap_err()
+                .http_status,
+            401
+        );
+        assert!(check(&own, &with(Some("Bearer s3cret"))).is_ok());
+        assert!(check(&McpConfig::default(), &with(None)).is_ok());
     }
 }

@@ -1,8 +1,9 @@
 //! OXP credentials, when `ferry serve` is given any: an HS256 JWT as
 //! `Authorization: Bearer …` (`exp` required and at most 15 minutes ahead;
 //! `aud`, when the token has one, must be the configured audience), or an
-//! `OXP-API-Key` header. Either suffices. With no credentials configured,
-//! OXP is open and `Authorization` is ignored.
+//! `OXP-API-Key` header. Either suffices. With neither configured, the
+//! native API's `--api-token`s are asked for as `Authorization: Bearer`;
+//! with none of those either, OXP is open and `Authorization` is ignored.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,6 +24,8 @@ pub struct AuthConfig {
     pub jwt_audience: Option<String>,
     /// A static key accepted in `OXP-API-Key`.
     pub api_key: Option<String>,
+    /// The native API's tokens, asked for when neither of the above is set.
+    pub api_tokens: crate::http::auth::ApiTokens,
 }
 
 /// Why credentials were refused (logged, and given as `developer_message`).
@@ -36,6 +39,10 @@ pub enum AuthError {
     Token(#[from] jsonwebtoken::errors::Error),
     #[error("the bearer token expires more than {MAX_TOKEN_LIFETIME_SECS} s from now")]
     TooLong,
+    #[error("no credentials: send Authorization: Bearer <one of this Ferry's API tokens>")]
+    MissingApiToken,
+    #[error("the bearer token is not one of this Ferry's API tokens")]
+    WrongApiToken,
 }
 
 /// The time claims, read to the fraction: `jsonwebtoken` rounds them to
@@ -52,6 +59,7 @@ struct Claims {
 pub struct Auth {
     jwt: Option<(DecodingKey, Validation)>,
     api_key: Option<[u8; 32]>,
+    api_tokens: crate::http::auth::ApiTokens,
 }
 
 impl Auth {
@@ -74,10 +82,15 @@ impl Auth {
         Self {
             jwt,
             api_key: config.api_key.as_deref().map(digest),
+            api_tokens: config.api_tokens.clone(),
         }
     }
 
     pub fn enabled(&self) -> bool {
+        self.has_own_credentials() || self.api_tokens.required()
+    }
+
+    fn has_own_credentials(&self) -> bool {
         self.jwt.is_some() || self.api_key.is_some()
     }
 
@@ -91,6 +104,13 @@ impl Auth {
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(crate::http::bearer_token);
+        if !self.has_own_credentials() {
+            return match bearer {
+                Some(token) if self.api_tokens.accepts(token) => Ok(()),
+                Some(_) => Err(AuthError::WrongApiToken),
+                None => Err(AuthError::MissingApiToken),
+            };
+        }
         let mut refused = AuthError::Missing;
         if let (Some(expected), Some(given)) = (&self.api_key, key) {
             // Comparing digests keeps the comparison's time independent of
@@ -186,5 +206,44 @@ mod tests {
                 "{nbf}"
             );
         }
+    }
+
+    /// Without OXP credentials of its own, OXP asks for the native API's
+    /// tokens (when there are any); with its own, only those count.
+    #[test]
+    fn the_api_tokens_guard_oxp_unless_it_has_credentials_of_its_own() {
+        let api_token = "agents-token-0123456789";
+        let api_tokens = crate::http::auth::ApiTokens::new(&[api_token]).unwrap();
+        let with = |authorization: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(value) = authorization {
+                h.insert(axum::http::header::AUTHORIZATION, value.parse().unwrap());
+            }
+            h
+        };
+        let api_bearer = format!("Bearer {api_token}");
+        let guarded = Auth::new(&AuthConfig {
+            api_tokens: api_tokens.clone(),
+            ..AuthConfig::default()
+        });
+        assert!(matches!(
+            guarded.check(&with(None)),
+            Err(AuthError::MissingApiToken)
+        ));
+        assert!(matches!(
+            guarded.check(&with(Some("Bearer agents-token-01234567890"))),
+            Err(AuthError::WrongApiToken)
+        ));
+        assert!(guarded.check(&with(Some(&api_bearer))).is_ok());
+        let own = Auth::new(&AuthConfig {
+            api_key: Some("oxp-key".into()),
+            api_tokens,
+            ..AuthConfig::default()
+        });
+        assert!(own.check(&with(Some(&api_bearer))).is_err());
+        let mut keyed = with(None);
+        keyed.insert("oxp-api-key", "oxp-key".parse().unwrap());
+        assert!(own.check(&keyed).is_ok());
+        assert!(Auth::new(&AuthConfig::default()).check(&with(None)).is_ok());
     }
 }
