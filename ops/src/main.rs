@@ -92,7 +92,8 @@ struct Serve {
 #[derive(Args)]
 struct FrontArgs {
     /// Require `Authorization: Bearer <token>` on the native API, but for
-    /// tools' callbacks, `/healthz` and the dashboard's page (repeatable:
+    /// tools' callbacks, `/healthz` and the dashboard's page, and on `/mcp`
+    /// and `/oxp` unless they have credentials of their own (repeatable:
     /// any one is accepted; 16 to 512 characters of a bearer token).
     #[arg(
         long = "api-token",
