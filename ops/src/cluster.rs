@@ -312,6 +312,7 @@ pub async fn start_runtime(
         &public_url,
         &options.oxp,
         &options.mcp,
+        &options.api_tokens,
     ));
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(crate::serve::no_delay), app)

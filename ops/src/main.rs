@@ -145,26 +145,26 @@ impl FrontArgs {
         ApiTokens::new(&self.api_tokens).context("--api-token (or FERRY_API_TOKENS)")
     }
 
-    fn oxp(&self, max_body_bytes: usize, api_tokens: &ApiTokens) -> ferry_runtime::oxp::OxpConfig {
+    fn oxp(&self, max_body_bytes: usize) -> ferry_runtime::oxp::OxpConfig {
         ferry_runtime::oxp::OxpConfig {
             auth: ferry_runtime::oxp::AuthConfig {
                 jwt_secret: self.oxp_jwt_secret.clone(),
                 jwt_audience: self.oxp_jwt_audience.clone(),
                 api_key: self.oxp_api_key.clone(),
-                api_tokens: api_tokens.clone(),
+                ..Default::default()
             },
             wait: Duration::from_secs(self.oxp_wait_secs),
             max_body_bytes,
         }
     }
 
-    fn mcp(&self, max_body_bytes: usize, api_tokens: &ApiTokens) -> ferry_runtime::mcp::McpConfig {
+    fn mcp(&self, max_body_bytes: usize) -> ferry_runtime::mcp::McpConfig {
         ferry_runtime::mcp::McpConfig {
             allowed_hosts: self.mcp_allowed_hosts.clone(),
             allowed_origins: self.mcp_allowed_origins.clone(),
             bearer_token: self.mcp_bearer_token.clone(),
-            api_tokens: api_tokens.clone(),
             max_body_bytes,
+            ..Default::default()
         }
     }
 }
@@ -366,7 +366,6 @@ async fn main() -> anyhow::Result<()> {
 
 async fn serve(args: Serve) -> anyhow::Result<()> {
     check_body_limit(args.max_body_bytes)?;
-    let api_tokens = args.fronts.api_tokens()?;
     let render = install_metrics()?;
     let options = ServeOptions {
         listen: args.listen,
@@ -377,9 +376,9 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
         dispatch: args.dispatch.config()?,
-        oxp: args.fronts.oxp(args.max_body_bytes, &api_tokens),
-        mcp: args.fronts.mcp(args.max_body_bytes, &api_tokens),
-        api_tokens,
+        oxp: args.fronts.oxp(args.max_body_bytes),
+        mcp: args.fronts.mcp(args.max_body_bytes),
+        api_tokens: args.fronts.api_tokens()?,
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // Lines on stdout for scripts and tests: where the demo tool and Ferry
@@ -394,7 +393,6 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
 
 async fn runtime(args: Runtime) -> anyhow::Result<()> {
     check_body_limit(args.max_body_bytes)?;
-    let api_tokens = args.fronts.api_tokens()?;
     let render = install_metrics()?;
     let options = RuntimeOptions {
         cluster: args.cluster.options(),
@@ -403,9 +401,9 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         tool_servers: args.tool_servers,
         max_body_bytes: args.max_body_bytes,
         reply_wait: Duration::from_millis(args.reply_wait_ms),
-        oxp: args.fronts.oxp(args.max_body_bytes, &api_tokens),
-        mcp: args.fronts.mcp(args.max_body_bytes, &api_tokens),
-        api_tokens,
+        oxp: args.fronts.oxp(args.max_body_bytes),
+        mcp: args.fronts.mcp(args.max_body_bytes),
+        api_tokens: args.fronts.api_tokens()?,
     };
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.

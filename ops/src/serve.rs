@@ -209,10 +209,15 @@ pub async fn start(
     tokio::spawn(checks);
 
     let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
-    let app =
-        ferry_runtime::http::router(engine.clone(), metrics, options.api_tokens.clone()).merge(
-            protocol_fronts(&engine, perform, &public_url, &options.oxp, &options.mcp),
-        );
+    let app = ferry_runtime::http::router(engine.clone(), metrics, options.api_tokens.clone())
+        .merge(protocol_fronts(
+            &engine,
+            perform,
+            &public_url,
+            &options.oxp,
+            &options.mcp,
+            &options.api_tokens,
+        ));
     let server = tokio::spawn(async move {
         axum::serve(listener.tap_io(no_delay), app)
             .with_graceful_shutdown(shutdown)
@@ -245,14 +250,20 @@ pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
 /// The MCP (`/mcp`) and OXP (`/oxp`) fronts, submitting through `perform`.
 /// The public URL is how clients reach Ferry: `/mcp` accepts its authority
 /// as a `Host` and its origin as an `Origin` (a page Ferry serves itself).
+/// The native API's tokens guard both fronts where they have no
+/// credentials of their own.
 pub(crate) fn protocol_fronts(
     engine: &Arc<Engine>,
     perform: Arc<dyn ferry_runtime::http::Perform>,
     public_url: &str,
     oxp: &ferry_runtime::oxp::OxpConfig,
     mcp: &ferry_runtime::mcp::McpConfig,
+    api_tokens: &ApiTokens,
 ) -> axum::Router {
+    let mut oxp = oxp.clone();
+    oxp.auth.api_tokens = api_tokens.clone();
     let mut mcp = mcp.clone();
+    mcp.api_tokens = api_tokens.clone();
     if let Some(authority) = public_url
         .split("://")
         .nth(1)
@@ -266,7 +277,7 @@ pub(crate) fn protocol_fronts(
             mcp.allowed_origins.push(origin.ascii_serialization());
         }
     }
-    ferry_runtime::oxp::router(engine.clone(), perform.clone(), oxp)
+    ferry_runtime::oxp::router(engine.clone(), perform.clone(), &oxp)
         .merge(ferry_runtime::mcp::router(engine.clone(), perform, mcp))
 }
 

@@ -84,6 +84,12 @@ impl Default for FerryOptions {
 }
 
 impl FerryOptions {
+    /// These options, with `--api-token token` added (repeatable).
+    pub fn api_token(mut self, token: &str) -> Self {
+        self.args.extend(["--api-token".into(), token.into()]);
+        self
+    }
+
     /// A cluster runtime node on `nats`.
     pub fn runtime(nats: &str) -> Self {
         Self {

@@ -12,14 +12,11 @@ const TOKEN: &str = "agents-token-0123456789";
 const ROTATED: &str = "reviewers.token_of~ours+/==";
 
 async fn guarded_ferry(tool: &TestTool) -> Ferry {
-    let mut options = FerryOptions {
+    let options = FerryOptions {
         tool_servers: vec![tool.url.clone()],
         ..FerryOptions::default()
     };
-    options
-        .args
-        .extend(["--api-token", TOKEN, "--api-token", ROTATED].map(String::from));
-    Ferry::start(options).await
+    Ferry::start(options.api_token(TOKEN).api_token(ROTATED)).await
 }
 
 /// A raw request with the given `Authorization` header (if any).

@@ -775,12 +775,11 @@ async fn a_runtime_nodes_api_asks_for_its_token() {
     let nats = Nats::start().await;
     let tool = TestTool::start("t", &["op"]).await;
     let token = "node-token-0123456789";
-    let mut options = FerryOptions {
+    let options = FerryOptions {
         tool_servers: vec![tool.url.clone()],
         ..FerryOptions::runtime(&nats.url())
     };
-    options.args.extend(["--api-token".into(), token.into()]);
-    let a = Ferry::start(options).await;
+    let a = Ferry::start(options.api_token(token)).await;
     let _worker = FerryWorker::start(&nats.url(), &a.url).await;
     let (status, body) = a.api().get("/v1/tools").await;
     assert_eq!(

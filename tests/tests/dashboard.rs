@@ -80,12 +80,11 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         "annotations": {"destructive": true}}]}))
     .await;
     let token = "reviewers-token-0123456789";
-    let mut options = FerryOptions {
+    let options = FerryOptions {
         tool_servers: vec![tool.url.clone()],
         ..FerryOptions::default()
     };
-    options.args.extend(["--api-token".into(), token.into()]);
-    let ferry = Ferry::start(options).await;
+    let ferry = Ferry::start(options.api_token(token)).await;
     let api = ferry_tests::Api::with_token(&ferry.url, token);
     let (status, reply) = api
         .submit(json!({"operation": "drop_table", "arguments": {"table": "users"}, "group_id": "g", "id": "c", "user_id": "ana"}))

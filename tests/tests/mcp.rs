@@ -660,15 +660,11 @@ async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
 /// way around them (a review ran a tool through `/mcp` without any).
 #[tokio::test]
 async fn without_its_own_token_mcp_asks_for_an_api_token() {
-    let mut options = FerryOptions {
+    let options = FerryOptions {
         demo: true,
         ..FerryOptions::default()
     };
-    options.args.extend([
-        "--api-token".to_owned(),
-        "agents-token-0123456789".to_owned(),
-    ]);
-    let guarded = Ferry::start(options).await;
+    let guarded = Ferry::start(options.api_token("agents-token-0123456789")).await;
     let raw = Raw::new(&guarded);
     let init = initialize_request();
     let missing = raw.send(init.clone(), &[]).await;

@@ -117,8 +117,7 @@ impl Relay {
                     .and_then(|n| n.parse().ok());
                 let answer = rmp_serde::from_slice::<Answer>(&message.payload);
                 if let Some(n) = number {
-                    relay.release(n);
-                    relay.settle(n);
+                    relay.finish(n);
                 }
                 let waiter = number.and_then(|n| relay.waiting.lock().expect("lock").remove(&n));
                 match (waiter, answer) {
@@ -207,9 +206,11 @@ impl Relay {
         }
     }
 
-    /// No answer to entry `number` will come (or it came): its call's id is
-    /// the worker's to decide again.
-    fn settle(&self, number: u64) {
+    /// No answer to entry `number` will come (or it came): its thread's
+    /// next request may go, and its call's id is the worker's to decide
+    /// again.
+    fn finish(&self, number: u64) {
+        self.release(number);
         self.provisional.lock().expect("lock").settle(number);
     }
 
@@ -242,8 +243,7 @@ impl Relay {
                     // NATS's limit shrank): refuse it rather than let it
                     // hold back every entry after it.
                     warn!(number, error = %e, "journaled request too large for NATS dropped");
-                    self.release(number);
-                    self.settle(number);
+                    self.finish(number);
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a too large entry failed");
                         break;
@@ -274,8 +274,7 @@ impl Relay {
                     // or to be, without an answer to us).
                     let ours = self.unacked.lock().expect("lock").remove(&number);
                     if ack.duplicate && !ours {
-                        self.release(number);
-                        self.settle(number);
+                        self.finish(number);
                     }
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a relayed entry failed");
@@ -348,7 +347,7 @@ impl Perform for Relay {
             number,
         };
         if let Err(e) = self.outbox.append(number, bytes).await {
-            self.settle(number);
+            self.finish(number);
             return Err(unavailable(e));
         }
         self.wake.notify_one();

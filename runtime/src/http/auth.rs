@@ -10,13 +10,12 @@
 
 use std::sync::Arc;
 
+use super::ApiError;
+use crate::digest::{same, sha256};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
-
-use super::ApiError;
 
 /// Shortest token accepted, `=` padding not counted: guessing must not be
 /// practical.
@@ -50,7 +49,7 @@ impl ApiTokens {
                 let t = t.as_ref();
                 let unpadded = t.trim_end_matches('=').len();
                 if is_b64token(t) && unpadded >= MIN_TOKEN_CHARS && t.len() <= MAX_TOKEN_CHARS {
-                    Ok(Sha256::digest(t.as_bytes()).into())
+                    Ok(sha256(t))
                 } else {
                     Err(BadToken(describe(t)))
                 }
@@ -69,14 +68,10 @@ impl ApiTokens {
     /// Whether `given` is one of the tokens. Every digest is compared in
     /// full, with no early exit.
     pub(crate) fn accepts(&self, given: &str) -> bool {
-        let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-        self.digests.iter().fold(false, |found, digest| {
-            let diff = digest
-                .iter()
-                .zip(&given)
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b));
-            found | (diff == 0)
-        })
+        let given = sha256(given);
+        self.digests
+            .iter()
+            .fold(false, |found, digest| found | same(digest, &given))
     }
 }
 

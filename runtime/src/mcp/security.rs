@@ -5,6 +5,7 @@ use axum::http::{header, HeaderMap};
 
 use super::jsonrpc::{RpcError, INVALID_REQUEST};
 use super::McpConfig;
+use crate::digest::{same, sha256};
 use crate::http::origin::is_loopback_host;
 
 /// Whether a `Host` name (IPv6 literals in brackets) is this machine.
@@ -92,7 +93,7 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
         .unwrap_or("");
     // `--mcp-bearer-token` when given, else the native API's tokens.
     let accepted = match &config.bearer_token {
-        Some(token) => constant_time_eq(given.as_bytes(), token.as_bytes()),
+        Some(token) => same(&sha256(given), &sha256(token)),
         None => !config.api_tokens.required() || config.api_tokens.accepts(given),
     };
     if !accepted {
@@ -103,16 +104,6 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
         ));
     }
     Ok(())
-}
-
-/// Compares without an early exit, so the time taken leaks nothing of
-/// the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
-    }
-    diff == 0
 }
 
 #[cfg(test)]

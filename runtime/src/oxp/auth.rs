@@ -10,7 +10,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::http::HeaderMap;
 use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 /// The longest a token may still be valid for: a leaked token must expire soon.
 pub const MAX_TOKEN_LIFETIME_SECS: u64 = 15 * 60;
@@ -81,7 +80,7 @@ impl Auth {
         });
         Self {
             jwt,
-            api_key: config.api_key.as_deref().map(digest),
+            api_key: config.api_key.as_deref().map(crate::digest::sha256),
             api_tokens: config.api_tokens.clone(),
         }
     }
@@ -115,7 +114,7 @@ impl Auth {
         if let (Some(expected), Some(given)) = (&self.api_key, key) {
             // Comparing digests keeps the comparison's time independent of
             // where the given key first differs.
-            if digest(given) == *expected {
+            if crate::digest::same(&crate::digest::sha256(given), expected) {
                 return Ok(());
             }
             refused = AuthError::WrongKey;
@@ -142,10 +141,6 @@ impl Auth {
         }
         Err(refused)
     }
-}
-
-fn digest(text: &str) -> [u8; 32] {
-    Sha256::digest(text.as_bytes()).into()
 }
 
 #[cfg(test)]
