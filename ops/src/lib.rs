@@ -1,8 +1,10 @@
 //! Library side of the ferry binary: `serve` assembly, the demo tool, and
 //! the benchmark.
 
+pub mod args;
 pub mod bench;
 pub mod cluster;
 pub mod demo_tool;
+pub mod operator;
 pub mod serve;
 pub mod tool_servers;

@@ -1,6 +1,8 @@
 //! The `ferry` command: `serve` (everything in one process on the embedded
 //! default), the cluster roles `runtime` and `worker` (on NATS JetStream),
-//! `demo-tool` (the RAP demo toolset on its own) and `bench`.
+//! `demo-tool` (the RAP demo toolset on its own), `bench`, and the operator
+//! commands (`toolsets`, `tools`, `calls`, `approvals`, `threads`,
+//! `replay`), clients of a running Ferry.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -9,8 +11,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ferry_ops::args::http_url;
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
+use ferry_ops::operator::{self, Operator};
 use ferry_ops::serve::{start, ServeOptions};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_worker::DispatchConfig;
@@ -50,6 +54,8 @@ enum Command {
     Worker(WorkerArgs),
     /// Measure the whole path against direct RAP to the same tool.
     Bench(ferry_ops::bench::BenchArgs),
+    #[command(flatten)]
+    Operator(Operator),
 }
 
 #[derive(Args)]
@@ -208,20 +214,6 @@ impl DispatchArgs {
 /// OXP clients give up after about a minute anyway).
 const MAX_OXP_WAIT_SECS: u64 = 86_400;
 
-/// An http(s) URL with a host, as tools and Ferry must reach it; checked
-/// at start, since a bad one would only show as callbacks that never come
-/// (in `--public-url`) or a toolset never registered.
-fn http_url(text: &str) -> Result<String, String> {
-    match reqwest::Url::parse(text) {
-        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
-            Ok(text.to_owned())
-        }
-        _ => Err(format!(
-            "{text:?} is not an http(s) URL with a host (e.g. http://127.0.0.1:8080)"
-        )),
-    }
-}
-
 /// One or more NATS URLs, comma-separated, none empty.
 fn nats_urls(text: &str) -> Result<String, String> {
     if text.split(',').any(|u| u.trim().is_empty()) {
@@ -323,8 +315,9 @@ struct WorkerArgs {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The bench runs Ferry in-process; its per-call info logs would be noise.
+    // Nor would an operator command's: its answer is on stdout.
     let default_filter = match cli.command {
-        Command::Bench(_) => "warn",
+        Command::Bench(_) | Command::Operator(_) => "warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -353,6 +346,13 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         Command::Bench(args) => ferry_ops::bench::main(args).await,
+        Command::Operator(command) => match operator::run(command).await {
+            Ok(()) => Ok(()),
+            Err(failure) => {
+                eprintln!("ferry: {failure}");
+                std::process::exit(failure.exit_code());
+            }
+        },
         Command::DemoTool { listen } => {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
