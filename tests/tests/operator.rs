@@ -649,3 +649,53 @@ async fn a_followed_replay_prints_events_as_they_happen() {
     let call: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(call["result"]["text"], "from stdin");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_submitter_and_a_follower_ride_out_a_kill_9() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut ferry = Ferry::with_tool(&tool).await;
+    let mut waiting = command(
+        &ferry.url,
+        &["calls", "submit", "op", "-g", THREAD, "--id", "c", "--wait"],
+    )
+    .spawn()
+    .expect("spawning ferry calls submit");
+    let mut waiting_said = BufReader::new(waiting.stderr.take().unwrap()).lines();
+    let url = tool.next_invocation().await.invocation.callback_url;
+    let mut follow = command(&ferry.url, &["replay", THREAD, "--follow"])
+        .spawn()
+        .expect("spawning ferry replay");
+    let mut follow_said = BufReader::new(follow.stderr.take().unwrap()).lines();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut next_type = async || {
+        let line = lines.next_line().await.unwrap().expect("a line");
+        let event: Value = serde_json::from_str(&line).unwrap();
+        (event["type"].as_str().unwrap().to_owned(), event)
+    };
+    assert_eq!(next_type().await.0, "call_accepted");
+    assert_eq!(next_type().await.0, "call_dispatched");
+
+    // Ferry dies; both clients say they wait for it, and it comes back.
+    ferry.kill9();
+    for said in [&mut waiting_said, &mut follow_said] {
+        let line = said.next_line().await.unwrap().expect("a line on stderr");
+        assert!(line.contains("trying again until it answers"), "{line}");
+    }
+    ferry.restart().await;
+    let result = json!({"type": "tool_result", "group_id": THREAD, "id": "c", "text": "done"});
+    let (status, _) = ferry.api().post(&url, &result).await;
+    assert_eq!(status, 200);
+
+    let waited = waiting.wait_with_output().await.unwrap();
+    assert!(waited.status.success(), "{:?}", waited.status);
+    let call: Value = serde_json::from_slice(&waited.stdout).unwrap();
+    assert_eq!(call["result"]["text"], "done");
+    // The follower goes on where it was: the result, nothing twice.
+    let (kind, event) = next_type().await;
+    assert_eq!(
+        (kind.as_str(), event["seq"].as_u64()),
+        ("tool_result", Some(3)),
+        "{event}"
+    );
+    follow.kill().await.unwrap();
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use ferry_proto::api::{CallStatus, SubmitCall};
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use super::client::{Client, Failure};
@@ -174,6 +174,9 @@ impl Submit {
     }
 }
 
+/// How long a journaled call is left before it is read again.
+const JOURNALED_PAUSE: Duration = Duration::from_millis(500);
+
 /// How long one read of the thread waits for news before reading the call
 /// again (Ferry bounds a long-poll at a minute).
 const POLL: Duration = Duration::from_secs(30);
@@ -189,8 +192,25 @@ async fn wait_for_outcome(
     mut after: u64,
 ) -> Result<Value, Failure> {
     let mut told = None;
+    // A cluster node that answered without a worker (`"seq": 0`) only
+    // journaled the call: it reads 404 until a worker has applied it, and
+    // until then no event says when, so it is asked again after a pause.
+    let mut journaled = after == 0;
     loop {
-        let call = client.get(&call_path(group_id, id), &[]).await?;
+        let path = call_path(group_id, id);
+        let call = match client
+            .read_through_outages(&path, &[], Duration::ZERO)
+            .await
+        {
+            Err(Failure::Refused { status, .. })
+                if journaled && status == StatusCode::NOT_FOUND =>
+            {
+                tokio::time::sleep(JOURNALED_PAUSE).await;
+                continue;
+            }
+            read => read?,
+        };
+        journaled = false;
         let status: CallStatus = serde_json::from_value(call["status"].clone())
             .map_err(|_| unreadable("status", &call))?;
         if !status.is_open() || status == CallStatus::Subscribed {
@@ -207,9 +227,7 @@ async fn wait_for_outcome(
             ("after", after.to_string()),
             ("wait", POLL.as_secs().to_string()),
         ];
-        let page = client
-            .send(Method::GET, &events, &query, None, POLL)
-            .await?;
+        let page = client.read_through_outages(&events, &query, POLL).await?;
         after = page["next_after"].as_u64().unwrap_or(after);
     }
 }
@@ -266,7 +284,7 @@ fn succeeded(call: &Value) -> Result<(), Failure> {
 }
 
 fn unreadable(field: &str, answer: &Value) -> Failure {
-    Failure::Unreachable(format!(
+    Failure::NotFerry(format!(
         "Ferry's answer has no readable {field:?}: {answer}"
     ))
 }

@@ -23,15 +23,21 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// fetches the tool server's manifest first.
 const ANSWER_TIME: Duration = Duration::from_secs(60);
 
+/// The longest pause between two tries through an outage.
+const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
+
 /// Why an operator command did not do what it was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     /// Ferry answered with an error: what it said, as it said it.
     #[error("{}", refused(*.status, .body))]
     Refused { status: StatusCode, body: ErrorBody },
-    /// Ferry could not be reached, or its answer could not be read.
+    /// Ferry could not be reached, or its answer was cut off.
     #[error("{0}")]
     Unreachable(String),
+    /// What answered does not answer as Ferry does.
+    #[error("{0}")]
+    NotFerry(String),
     /// The arguments cannot make a request (checked before sending one).
     #[error("{0}")]
     Usage(String),
@@ -47,16 +53,23 @@ impl Failure {
         match self {
             Self::Refused { .. } => 1,
             Self::Usage(_) => 2,
-            Self::Unreachable(_) => 3,
+            Self::Unreachable(_) | Self::NotFerry(_) => 3,
             Self::Unsuccessful(_) => 4,
         }
     }
 
-    /// The API's error code, when Ferry refused.
-    pub fn code(&self) -> Option<&str> {
+    /// Whether asking again later may succeed: Ferry was out of reach, or
+    /// said that it (or what it stands on, NATS in a cluster) is.
+    fn is_outage(&self) -> bool {
         match self {
-            Self::Refused { body, .. } => Some(&body.error.code),
-            _ => None,
+            Self::Unreachable(_) => true,
+            Self::Refused { status, .. } => matches!(
+                *status,
+                StatusCode::BAD_GATEWAY
+                    | StatusCode::SERVICE_UNAVAILABLE
+                    | StatusCode::GATEWAY_TIMEOUT
+            ),
+            _ => false,
         }
     }
 }
@@ -149,7 +162,7 @@ impl Client {
                 return Ok(Value::Null);
             }
             return serde_json::from_str(&text).map_err(|e| {
-                Failure::Unreachable(format!(
+                Failure::NotFerry(format!(
                     "{method} {}: {status} with a body that is not JSON ({e}); is {} a Ferry?",
                     url.path(),
                     self.base
@@ -168,6 +181,39 @@ impl Client {
             ErrorBody::new("http_error", said.trim())
         });
         Err(Failure::Refused { status, body })
+    }
+
+    /// [`Client::send`] for a command that waits anyway (`--follow`,
+    /// `--wait`) on a Ferry it has reached before: an outage (Ferry
+    /// restarting, a node that lost NATS) is waited out, said once on
+    /// stderr, instead of ending the command. Asking again is safe: only
+    /// reads are sent this way.
+    pub async fn read_through_outages(
+        &self,
+        path: &[&str],
+        query: &[(&str, String)],
+        wait: Duration,
+    ) -> Result<Value, Failure> {
+        let mut pause = Duration::from_millis(250);
+        let mut said = false;
+        loop {
+            match self.send(Method::GET, path, query, None, wait).await {
+                Err(failure) if failure.is_outage() => {
+                    if !said {
+                        eprintln!("ferry: {failure}; trying again until it answers");
+                        said = true;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(OUTAGE_PAUSE);
+                }
+                answered => {
+                    if said && answered.is_ok() {
+                        eprintln!("ferry: answering again");
+                    }
+                    return answered;
+                }
+            }
+        }
     }
 
     fn url(&self, path: &[&str], query: &[(&str, String)]) -> Result<Url, Failure> {

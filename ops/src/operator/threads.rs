@@ -92,6 +92,9 @@ impl Replay {
         let path = ["v1", "threads", self.group_id.as_str(), "events"];
         let wait = if self.follow { POLL } else { Duration::ZERO };
         let mut after = self.after;
+        // Whether this Ferry answered once: from then on, following rides
+        // out its outages (a mistyped --url still fails at once).
+        let mut reached = false;
         loop {
             let mut query = vec![("after", after.to_string()), ("limit", PAGE.to_string())];
             if let Some(types) = &self.types {
@@ -100,7 +103,12 @@ impl Replay {
             if self.follow {
                 query.push(("wait", wait.as_secs().to_string()));
             }
-            let page = client.send(Method::GET, &path, &query, None, wait).await?;
+            let page = if self.follow && reached {
+                client.read_through_outages(&path, &query, wait).await?
+            } else {
+                client.send(Method::GET, &path, &query, None, wait).await?
+            };
+            reached = true;
             let events = page["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
             for event in events {
                 if !emit(&event.to_string()) {
@@ -122,7 +130,7 @@ impl Replay {
 fn next_after(page: &Value, after: u64) -> Result<u64, Failure> {
     match page["next_after"].as_u64() {
         Some(next) if next >= after => Ok(next),
-        _ => Err(Failure::Unreachable(format!(
+        _ => Err(Failure::NotFerry(format!(
             "Ferry's page of events has no usable \"next_after\": {page}"
         ))),
     }
