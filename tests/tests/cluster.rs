@@ -1789,3 +1789,35 @@ async fn a_thread_whose_open_calls_are_large_together_still_closes() {
     assert_eq!(thread["closed"], true, "{thread}");
     assert_eq!(thread["counts"], json!({"cancelled": 6}), "{thread}");
 }
+
+/// `ferry calls submit --wait` on a node that could only journal the call
+/// (`"seq": 0`, no worker running): the call reads 404 until a worker has
+/// applied it, and the command waits for that instead of failing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_waits_for_a_call_a_node_only_journaled() {
+    use tokio::io::AsyncBufReadExt;
+    let nats = Nats::start().await;
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let a = node_with(&nats, &tool, &["--reply-wait-ms", "1"]).await;
+    let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
+    let mut waiting = tokio::process::Command::new(ferry_tests::ferry::binary())
+        .args(["calls", "submit", "op", "-g", "g", "--id", "c", "--wait"])
+        .args(["--url", &a.url])
+        .env_remove("FERRY_API_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning ferry calls submit");
+    let mut said = tokio::io::BufReader::new(waiting.stderr.take().unwrap()).lines();
+    let line = said.next_line().await.unwrap().expect("a line on stderr");
+    assert!(line.contains("journaled the call"), "{line}");
+    assert_eq!(a.api().call("g", "c").await.0, 404);
+
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let waited = waiting.wait_with_output().await.unwrap();
+    assert!(waited.status.success(), "{:?}", waited.status);
+    let call: Value = serde_json::from_slice(&waited.stdout).unwrap();
+    assert_eq!(call["status"], "completed", "{call}");
+    answering.abort();
+}

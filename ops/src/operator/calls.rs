@@ -196,6 +196,9 @@ async fn wait_for_outcome(
     // journaled the call: it reads 404 until a worker has applied it, and
     // until then no event says when, so it is asked again after a pause.
     let mut journaled = after == 0;
+    if journaled {
+        eprintln!("ferry: the node journaled the call; waiting for a worker to apply it");
+    }
     loop {
         let path = call_path(group_id, id);
         let call = match client
