@@ -38,6 +38,7 @@ enum CallsCommand {
         id: String,
         #[arg(required_unless_present = "index", conflicts_with = "index")]
         choice: Option<String>,
+        /// The choice's position among the choices, counting from 0.
         #[arg(long)]
         index: Option<u64>,
     },
@@ -169,7 +170,9 @@ impl Submit {
             }
             None => (self.arguments.clone(), "--arguments".to_owned()),
         };
-        serde_json::from_str(&text)
+        // An editor's byte-order mark is no JSON, but is no mistake either.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        serde_json::from_str(text)
             .map_err(|e| Failure::Usage(format!("{from} is not JSON: {e}; nothing was sent")))
     }
 }
@@ -237,7 +240,13 @@ async fn wait_for_outcome(
 
 /// What a person has to do before the call can go on, if anything.
 fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value) -> Option<String> {
-    let call_ref = format!("{} {}", shell_word(group_id), shell_word(id));
+    // Names that look like options need `--` before them.
+    let dashes = if group_id.starts_with('-') || id.starts_with('-') {
+        "-- "
+    } else {
+        ""
+    };
+    let call_ref = format!("{dashes}{} {}", shell_word(group_id), shell_word(id));
     match status {
         CallStatus::PendingApproval => Some(format!(
             "the call waits for a reviewer: ferry approvals approve {call_ref} (or reject)"
@@ -321,5 +330,7 @@ mod tests {
         assert_eq!(shell_word("it's"), r"'it'\''s'");
         assert_eq!(shell_word("$(rm)"), "'$(rm)'");
         assert_eq!(shell_word(""), "''");
+        let hint = waiting_on_people(CallStatus::PendingApproval, "-g", "c", &json!({}));
+        assert!(hint.unwrap().contains("ferry approvals approve -- -g c"));
     }
 }

@@ -30,9 +30,16 @@ const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     /// Ferry answered with an error: what it said, as it said it.
-    #[error("{}", refused(*.status, .body))]
-    Refused { status: StatusCode, body: ErrorBody },
-    /// Ferry could not be reached, or its answer was cut off.
+    #[error("{}", refused(*.status, .body, *.token_sent))]
+    Refused {
+        status: StatusCode,
+        body: ErrorBody,
+        /// Whether the request carried an API token (for the hint a 401
+        /// gets).
+        token_sent: bool,
+    },
+    /// Ferry could not be reached (or, behind a gateway, the gateway could
+    /// not reach it), or its answer was cut off.
     #[error("{0}")]
     Unreachable(String),
     /// What answered does not answer as Ferry does.
@@ -74,24 +81,52 @@ impl Failure {
     }
 }
 
-/// `401 unauthorized: …`, then one line per refused argument.
-fn refused(status: StatusCode, body: &ErrorBody) -> String {
+/// `401 unauthorized: …`, then one line per refused argument; what came
+/// from elsewhere (argument names are the agent's) made printable.
+fn refused(status: StatusCode, body: &ErrorBody, token_sent: bool) -> String {
     let mut text = format!(
         "{} {}: {}",
         status.as_u16(),
-        body.error.code,
-        body.error.message
+        printable(&body.error.code),
+        printable(&body.error.message)
     );
     for (name, message) in body.error.parameter_errors.iter().flatten() {
         let message = message
             .as_str()
             .map_or_else(|| message.to_string(), str::to_owned);
-        text.push_str(&format!("\n  {name}: {message}"));
+        text.push_str(&format!("\n  {}: {}", printable(name), printable(&message)));
     }
-    if status == StatusCode::UNAUTHORIZED {
-        text.push_str("\n(this Ferry wants an API token: set FERRY_API_TOKEN)");
+    match status {
+        StatusCode::UNAUTHORIZED if token_sent => {
+            text.push_str("\n(Ferry refused the API token sent: check FERRY_API_TOKEN)")
+        }
+        StatusCode::UNAUTHORIZED => {
+            text.push_str("\n(this Ferry wants an API token: set FERRY_API_TOKEN)")
+        }
+        StatusCode::NOT_FOUND if body.error.message == NO_SUCH_ENDPOINT => {
+            text.push_str("\n(is --url Ferry's base URL, with no path of its own?)")
+        }
+        _ => {}
     }
     text
+}
+
+/// What Ferry says of a path that is none of its routes.
+const NO_SUCH_ENDPOINT: &str = "no such endpoint";
+
+/// `text` with control characters escaped (`\u{1b}`, `\n`), so that
+/// what a server or an agent wrote can neither start a line of its own nor
+/// drive the terminal.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 pub struct Client {
@@ -111,6 +146,16 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Failure::Unreachable(format!("building the HTTP client: {e}")))?;
+        if let Some(token) = &connection.api_token {
+            // Said without the token, which may be most of a real one.
+            if reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).is_err() {
+                return Err(Failure::Usage(
+                    "the API token (--api-token or FERRY_API_TOKEN) holds characters no \
+                     HTTP header can carry"
+                        .into(),
+                ));
+            }
+        }
         Ok(Self {
             http,
             base: connection.url.trim_end_matches('/').to_owned(),
@@ -156,6 +201,11 @@ impl Client {
             ))
         })?;
         let status = response.status();
+        let location = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .map(str::to_owned);
         let text = response.text().await.map_err(unreadable)?;
         if status.is_success() {
             if text.is_empty() {
@@ -169,18 +219,52 @@ impl Client {
                 ))
             });
         }
-        let body = serde_json::from_str::<ErrorBody>(&text).unwrap_or_else(|_| {
-            // Not Ferry's error shape (a proxy, or not a Ferry at all).
-            let mut said: String = text.chars().take(200).collect();
-            if said.trim().is_empty() {
-                said = status
-                    .canonical_reason()
-                    .unwrap_or("no reason given")
-                    .into();
-            }
-            ErrorBody::new("http_error", said.trim())
-        });
-        Err(Failure::Refused { status, body })
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => Err(Failure::Refused {
+                status,
+                body,
+                token_sent: self.token.is_some(),
+            }),
+            Err(_) => Err(self.not_ferry(status, location.as_deref(), &text, url.path())),
+        }
+    }
+
+    /// An error answer without Ferry's error shape: not Ferry (the wrong
+    /// `--url`, a redirect), or a gateway in front of it that cannot reach
+    /// it, which is an outage like Ferry not answering.
+    fn not_ferry(
+        &self,
+        status: StatusCode,
+        location: Option<&str>,
+        text: &str,
+        path: &str,
+    ) -> Failure {
+        let mut said: String = text.trim().chars().take(200).collect();
+        if said.is_empty() {
+            said = status
+                .canonical_reason()
+                .unwrap_or("no reason given")
+                .into();
+        }
+        let said = printable(&said);
+        if matches!(
+            status,
+            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+        ) {
+            return Failure::Unreachable(format!(
+                "{} answered {status} for {path} without Ferry's error ({said}): a gateway that \
+                 cannot reach Ferry?",
+                self.base
+            ));
+        }
+        let redirect = location
+            .map(|to| format!(", redirecting to {} (not followed)", printable(to)))
+            .unwrap_or_default();
+        Failure::NotFerry(format!(
+            "{} answered {status} for {path}{redirect} without Ferry's error ({said}); is --url \
+             Ferry's base URL?",
+            self.base
+        ))
     }
 
     /// [`Client::send`] for a command that waits anyway (`--follow`,
@@ -295,11 +379,40 @@ mod tests {
         let failure = Failure::Refused {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             body,
+            token_sent: false,
         };
         assert_eq!(
             failure.to_string(),
             "422 invalid_arguments: arguments do not match\n  b: must be a number"
         );
         assert_eq!(failure.exit_code(), 1);
+    }
+
+    #[test]
+    fn control_characters_are_shown_not_sent_to_the_terminal() {
+        assert_eq!(printable("a\u{1b}[31mb\nc\td ü"), "a\\u{1b}[31mb\\nc\\td ü");
+        let body: ErrorBody = serde_json::from_value(serde_json::json!({"error": {
+            "code": "invalid_arguments", "message": "bad\nline",
+            "parameter_errors": {"\u{1b}[1mz\nq": "must be\u{7} a number"}
+        }}))
+        .unwrap();
+        let text = refused(StatusCode::UNPROCESSABLE_ENTITY, &body, false);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_token_no_header_can_carry_is_a_usage_error_that_does_not_repeat_it() {
+        let refused = Client::new(&Connection {
+            url: "http://127.0.0.1:1".into(),
+            api_token: Some("secret-part\nrest".into()),
+        })
+        .err()
+        .expect("refused");
+        assert_eq!(refused.exit_code(), 2);
+        assert!(!refused.to_string().contains("secret-part"), "{refused}");
     }
 }

@@ -24,6 +24,33 @@ pub use toolsets::{Tools, Toolsets};
 
 use crate::args::http_url;
 
+/// `--url`: an http(s) URL with a host, to which the API's paths are
+/// appended: a query or a fragment would swallow them, and a user name or
+/// password would be sent to Ferry as Basic credentials it never reads
+/// (and shown in errors); the token goes in `--api-token`.
+fn ferry_url(text: &str) -> Result<String, String> {
+    let checked = http_url(text)?;
+    let url = reqwest::Url::parse(&checked).map_err(|e| e.to_string())?;
+    let after_scheme = &text[url.scheme().len() + 1..];
+    if !after_scheme.starts_with("//") || after_scheme.starts_with("///") {
+        return Err(format!("no host after \"{}://\"", url.scheme()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "a user name or password in --url is not how Ferry takes credentials: give \
+             FERRY_API_TOKEN (or --api-token) instead"
+                .into(),
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(
+            "a query or a fragment would swallow the API's paths: give Ferry's base URL alone"
+                .into(),
+        );
+    }
+    Ok(checked)
+}
+
 /// Where Ferry is and how to be let in; every operator command takes these.
 #[derive(Args, Clone, Debug)]
 pub struct Connection {
@@ -33,7 +60,7 @@ pub struct Connection {
         global = true,
         env = "FERRY_URL",
         default_value = "http://127.0.0.1:8080",
-        value_parser = http_url
+        value_parser = ferry_url
     )]
     pub url: String,
     /// Sent as `Authorization: Bearer`, for a Ferry started with
@@ -84,4 +111,32 @@ fn print(value: &Value) {
 fn emit(line: &str) -> bool {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_fit_to_append_paths_to() {
+        for good in [
+            "http://127.0.0.1:8080",
+            "https://ferry.example/",
+            "http://10.0.0.1/ferry",
+        ] {
+            assert_eq!(ferry_url(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "ftp://127.0.0.1",
+            "127.0.0.1:8080",
+            "http:///v1",
+            "http:/127.0.0.1",
+            "http://u:pw@127.0.0.1",
+            "http://127.0.0.1?x=1",
+            "http://127.0.0.1#frag",
+        ] {
+            let refused = ferry_url(bad).expect_err(bad);
+            assert!(!refused.contains("pw@"), "{refused}");
+        }
+    }
 }
