@@ -244,3 +244,20 @@ impl Drop for Ferry {
         self.kill9();
     }
 }
+
+/// `ferry ARGS` as an operator command against the Ferry at `url`, with
+/// none of this environment's `FERRY_*` settings; stdout and stderr piped.
+pub fn cli(url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(binary());
+    command
+        .args(args)
+        .env("FERRY_URL", url)
+        .env_remove("FERRY_API_TOKEN")
+        .env_remove("FERRY_REVIEWER")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}

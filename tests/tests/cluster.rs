@@ -1800,15 +1800,12 @@ async fn an_operator_waits_for_a_call_a_node_only_journaled() {
     let tool = Arc::new(TestTool::start("t", &["op"]).await);
     let a = node_with(&nats, &tool, &["--reply-wait-ms", "1"]).await;
     let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
-    let mut waiting = tokio::process::Command::new(ferry_tests::ferry::binary())
-        .args(["calls", "submit", "op", "-g", "g", "--id", "c", "--wait"])
-        .args(["--url", &a.url])
-        .env_remove("FERRY_API_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning ferry calls submit");
+    let mut waiting = ferry_tests::ferry::cli(
+        &a.url,
+        &["calls", "submit", "op", "-g", "g", "--id", "c", "--wait"],
+    )
+    .spawn()
+    .expect("spawning ferry calls submit");
     let mut said = tokio::io::BufReader::new(waiting.stderr.take().unwrap()).lines();
     let line = said.next_line().await.unwrap().expect("a line on stderr");
     assert!(line.contains("journaled the call"), "{line}");

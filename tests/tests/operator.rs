@@ -31,23 +31,6 @@ impl Run {
     }
 }
 
-/// `ferry ARGS` against `url`, with nothing of this environment's
-/// `FERRY_*` settings.
-fn command(url: &str, args: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(ferry::binary());
-    command
-        .args(args)
-        .env("FERRY_URL", url)
-        .env_remove("FERRY_API_TOKEN")
-        .env_remove("FERRY_REVIEWER")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
-
 async fn finish(command: &mut tokio::process::Command) -> Run {
     let output = command.output().await.expect("running ferry");
     Run {
@@ -58,7 +41,7 @@ async fn finish(command: &mut tokio::process::Command) -> Run {
 }
 
 async fn cli(ferry: &Ferry, args: &[&str]) -> Run {
-    finish(&mut command(&ferry.url, args)).await
+    finish(&mut ferry::cli(&ferry.url, args)).await
 }
 
 /// Runs and asserts exit 0.
@@ -146,7 +129,7 @@ async fn an_operator_submits_waits_reads_and_replays() {
     assert_eq!(queued.json()["id"], "s");
     assert_eq!(queued.json()["seq"].as_u64(), Some(events.len() as u64 + 1));
     // Waiting on it, then cancelling it: the wait ends with exit 4.
-    let mut waiting = command(
+    let mut waiting = ferry::cli(
         &ferry.url,
         &[
             "calls",
@@ -487,7 +470,7 @@ async fn reviewers_decide_and_users_choose_from_the_command_line() {
     )
     .await;
     let rejected = finish(
-        command(
+        ferry::cli(
             &ferry.url,
             &["approvals", "reject", THREAD, "d2", "--always"],
         )
@@ -512,7 +495,7 @@ async fn reviewers_decide_and_users_choose_from_the_command_line() {
 
     // A choice: the waiting submitter says what it waits for; the choice
     // made on the command line ends the wait.
-    let mut waiting = command(
+    let mut waiting = ferry::cli(
         &ferry.url,
         &[
             "calls",
@@ -607,12 +590,13 @@ async fn a_guarded_ferry_takes_the_token_from_the_environment() {
         "{}",
         refused.stderr
     );
-    let wrong =
-        finish(command(&ferry.url, &["tools"]).env("FERRY_API_TOKEN", "not-the-token-0123456789"))
-            .await;
+    let wrong = finish(
+        ferry::cli(&ferry.url, &["tools"]).env("FERRY_API_TOKEN", "not-the-token-0123456789"),
+    )
+    .await;
     assert_eq!(wrong.code, 1, "{}", wrong.stderr);
     let run = finish(
-        command(
+        ferry::cli(
             &ferry.url,
             &[
                 "calls",
@@ -645,7 +629,7 @@ async fn a_followed_replay_prints_events_as_they_happen() {
     let ferry = Ferry::with_demo().await;
     let api = ferry.api();
     // Following a thread that has not begun yet.
-    let mut follow = command(
+    let mut follow = ferry::cli(
         &ferry.url,
         &[
             "replay",
@@ -676,7 +660,7 @@ async fn a_followed_replay_prints_events_as_they_happen() {
     follow.kill().await.unwrap();
     // A reader that stops reading (a pipe closed early) ends the replay
     // quietly, with no panic.
-    let mut replay = command(&ferry.url, &["replay", THREAD]).spawn().unwrap();
+    let mut replay = ferry::cli(&ferry.url, &["replay", THREAD]).spawn().unwrap();
     drop(replay.stdout.take());
     let status = replay.wait().await.unwrap();
     let mut stderr = String::new();
@@ -686,7 +670,7 @@ async fn a_followed_replay_prints_events_as_they_happen() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(status.success(), "{status:?}: {stderr}");
     // Arguments from stdin.
-    let mut piped = command(
+    let mut piped = ferry::cli(
         &ferry.url,
         &[
             "calls", "submit", "echo", "-g", THREAD, "-a", "@-", "--wait",
@@ -706,7 +690,7 @@ async fn a_followed_replay_prints_events_as_they_happen() {
 async fn a_waiting_submitter_and_a_follower_ride_out_a_kill_9() {
     let tool = TestTool::start("t", &["op"]).await;
     let mut ferry = Ferry::with_tool(&tool).await;
-    let mut waiting = command(
+    let mut waiting = ferry::cli(
         &ferry.url,
         &["calls", "submit", "op", "-g", THREAD, "--id", "c", "--wait"],
     )
@@ -714,7 +698,7 @@ async fn a_waiting_submitter_and_a_follower_ride_out_a_kill_9() {
     .expect("spawning ferry calls submit");
     let mut waiting_said = BufReader::new(waiting.stderr.take().unwrap()).lines();
     let url = tool.next_invocation().await.invocation.callback_url;
-    let mut follow = command(&ferry.url, &["replay", THREAD, "--follow"])
+    let mut follow = ferry::cli(&ferry.url, &["replay", THREAD, "--follow"])
         .spawn()
         .expect("spawning ferry replay");
     let mut follow_said = BufReader::new(follow.stderr.take().unwrap()).lines();

@@ -51,7 +51,6 @@ struct Decision {
 impl Approvals {
     pub async fn run(self) -> Result<(), Failure> {
         let client = Client::new(&self.connection)?;
-        let no_wait = std::time::Duration::ZERO;
         let answer = match &self.command {
             ApprovalsCommand::List => {
                 let query = [("status", "pending".to_owned())];
@@ -73,15 +72,11 @@ impl Approvals {
                     body["reason"] = json!(reason);
                 }
                 let path = ["v1", "approvals", &decision.group_id, &decision.id];
-                client
-                    .send(Method::POST, &path, &[], Some(&body), no_wait)
-                    .await?
+                client.send(Method::POST, &path, &[], Some(&body)).await?
             }
             ApprovalsCommand::Revoke { group_id, tool } => {
                 let path = ["v1", "threads", group_id, "grants", tool];
-                client
-                    .send(Method::DELETE, &path, &[], None, no_wait)
-                    .await?
+                client.send(Method::DELETE, &path, &[], None).await?
             }
         };
         print(&answer);

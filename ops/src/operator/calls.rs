@@ -78,7 +78,6 @@ struct Submit {
 impl Calls {
     pub async fn run(self) -> Result<(), Failure> {
         let client = Client::new(&self.connection)?;
-        let no_wait = Duration::ZERO;
         let answer = match &self.command {
             CallsCommand::Submit(submit) => return submit.run(&client).await,
             CallsCommand::Show { group_id, id } => {
@@ -91,9 +90,7 @@ impl Calls {
             }
             CallsCommand::Cancel { group_id, id } => {
                 let path = call_path(group_id, id);
-                client
-                    .send(Method::DELETE, &path, &[], None, no_wait)
-                    .await?
+                client.send(Method::DELETE, &path, &[], None).await?
             }
             CallsCommand::Choose {
                 group_id,
@@ -107,9 +104,7 @@ impl Calls {
                 };
                 let [v1, threads, g, calls, id] = call_path(group_id, id);
                 let path = [v1, threads, g, calls, id, "choice"];
-                client
-                    .send(Method::POST, &path, &[], Some(&body), no_wait)
-                    .await?
+                client.send(Method::POST, &path, &[], Some(&body)).await?
             }
         };
         print(&answer);
@@ -135,9 +130,7 @@ impl Submit {
         };
         let body = serde_json::to_value(&call).expect("a submission serializes");
         let path = ["v1", "calls"];
-        let reply = client
-            .send(Method::POST, &path, &[], Some(&body), Duration::ZERO)
-            .await?;
+        let reply = client.send(Method::POST, &path, &[], Some(&body)).await?;
         if !self.wait {
             print(&reply);
             return Ok(());

@@ -165,13 +165,36 @@ impl Client {
 
     /// `GET`, answered at once.
     pub async fn get(&self, path: &[&str], query: &[(&str, String)]) -> Result<Value, Failure> {
-        self.send(Method::GET, path, query, None, Duration::ZERO)
+        self.request(Method::GET, path, query, None, Duration::ZERO)
             .await
     }
 
-    /// Sends one request; `path` is its segments under the base URL, and
-    /// `wait` the long-poll it asks Ferry for, if any.
+    /// A `GET` that asks Ferry to long-poll for up to `wait`.
+    pub async fn poll(
+        &self,
+        path: &[&str],
+        query: &[(&str, String)],
+        wait: Duration,
+    ) -> Result<Value, Failure> {
+        self.request(Method::GET, path, query, None, wait).await
+    }
+
+    /// Sends one request, answered at once; `path` is its segments under
+    /// the base URL.
     pub async fn send(
+        &self,
+        method: Method,
+        path: &[&str],
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<Value, Failure> {
+        self.request(method, path, query, body, Duration::ZERO)
+            .await
+    }
+
+    /// Sends one request; `wait` is the long-poll it asks Ferry for, if
+    /// any.
+    async fn request(
         &self,
         method: Method,
         path: &[&str],
@@ -281,7 +304,7 @@ impl Client {
         let mut pause = Duration::from_millis(250);
         let mut said = false;
         loop {
-            match self.send(Method::GET, path, query, None, wait).await {
+            match self.poll(path, query, wait).await {
                 Err(failure) if failure.is_outage() => {
                     if !said {
                         eprintln!("ferry: {failure}; trying again until it answers");

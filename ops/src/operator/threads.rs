@@ -46,9 +46,7 @@ impl Threads {
             }
             ThreadsCommand::Close { group_id } => {
                 let path = ["v1", "threads", group_id, "close"];
-                client
-                    .send(Method::POST, &path, &[], None, Duration::ZERO)
-                    .await?
+                client.send(Method::POST, &path, &[], None).await?
             }
         };
         print(&answer);
@@ -106,7 +104,7 @@ impl Replay {
             let page = if self.follow && reached {
                 client.read_through_outages(&path, &query, wait).await?
             } else {
-                client.send(Method::GET, &path, &query, None, wait).await?
+                client.poll(&path, &query, wait).await?
             };
             reached = true;
             let events = page["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);

@@ -50,7 +50,6 @@ enum ToolsetsCommand {
 impl Toolsets {
     pub async fn run(self) -> Result<(), Failure> {
         let client = Client::new(&self.connection)?;
-        let no_wait = std::time::Duration::ZERO;
         let version = |v: &Option<String>| -> Vec<(&str, String)> {
             v.iter().map(|v| ("version", v.clone())).collect()
         };
@@ -63,23 +62,17 @@ impl Toolsets {
                     body["version"] = json!(version);
                 }
                 let path = ["v1", "toolsets"];
-                client
-                    .send(Method::POST, &path, &[], Some(&body), no_wait)
-                    .await?
+                client.send(Method::POST, &path, &[], Some(&body)).await?
             }
             ToolsetsCommand::Refresh { name, version: v } => {
                 let path = ["v1", "toolsets", name, "refresh"];
                 let query = version(v);
-                client
-                    .send(Method::POST, &path, &query, None, no_wait)
-                    .await?
+                client.send(Method::POST, &path, &query, None).await?
             }
             ToolsetsCommand::Remove { name, version: v } => {
                 let path = ["v1", "toolsets", name];
                 let query = version(v);
-                client
-                    .send(Method::DELETE, &path, &query, None, no_wait)
-                    .await?
+                client.send(Method::DELETE, &path, &query, None).await?
             }
         };
         print(&answer);
