@@ -34,6 +34,9 @@ pub fn nats_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 struct Nats {
     child: Child,
     url: String,
+    /// Its monitoring endpoint's `/varz`, which counts the messages clients
+    /// sent it.
+    varz: String,
     _dir: tempfile::TempDir,
 }
 
@@ -42,14 +45,17 @@ impl Nats {
         let dir = tempfile::Builder::new()
             .prefix("ferry-bench-nats-")
             .tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let free_port = || -> std::io::Result<u16> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port())
+        };
+        let (port, monitor) = (free_port()?, free_port()?);
         let config = dir.path().join("nats.conf");
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: {:?}\n  sync_interval: {sync_interval}\n}}\n",
+                "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\njetstream {{\n  store_dir: {:?}\n  sync_interval: {sync_interval}\n}}\n",
                 dir.path().join("js")
             ),
         )?;
@@ -68,6 +74,7 @@ impl Nats {
                 return Ok(Self {
                     child,
                     url: format!("nats://127.0.0.1:{port}"),
+                    varz: format!("http://127.0.0.1:{monitor}/varz"),
                     _dir: dir,
                 });
             }
@@ -97,6 +104,11 @@ impl Deployment {
     /// The `nats-server` child's process id.
     pub fn nats_pid(&self) -> u32 {
         self.nats.child.id()
+    }
+
+    /// The URL of its `nats-server`'s `/varz`.
+    pub fn nats_varz(&self) -> String {
+        self.nats.varz.clone()
     }
 }
 
@@ -164,4 +176,39 @@ pub async fn deploy(
         _data: data,
         nats,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::nats_in_msgs;
+
+    /// The bench's count of NATS messages per call rests on `/varz`
+    /// counting what clients publish: a real server, three publishes.
+    #[tokio::test]
+    async fn varz_counts_the_messages_clients_send() {
+        // Tests run in `ops/`, not where the test command installs it.
+        let installed =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/nats/bin/nats-server");
+        let given = std::env::var_os("NATS_SERVER")
+            .map(PathBuf::from)
+            .or_else(|| installed.exists().then_some(installed));
+        let binary =
+            nats_binary(given.as_deref()).expect("nats-server (ops/scripts/install-nats.sh)");
+        let nats = Nats::start(&binary, "always")
+            .await
+            .expect("nats-server starts");
+        let before = nats_in_msgs(Some(&nats.varz)).await.expect("varz answers");
+        let client = async_nats::connect(&nats.url).await.expect("connects");
+        for n in 0..3 {
+            client
+                .publish("bench.test", n.to_string().into())
+                .await
+                .expect("published");
+        }
+        client.flush().await.expect("flushed");
+        let after = nats_in_msgs(Some(&nats.varz)).await.expect("varz answers");
+        assert!(after >= before + 3, "before {before}, after {after}");
+        assert_eq!(nats_in_msgs(None).await, None);
+    }
 }

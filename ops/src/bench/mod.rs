@@ -153,6 +153,12 @@ pub struct Stats {
     /// cluster, its `nats-server`, in the measured windows, per counted
     /// call.
     pub cpu_us_per_call: Option<f64>,
+    /// For a cluster: the messages Ferry's processes sent NATS (publishes,
+    /// direct gets, acks, replies: `in_msgs` of its `/varz`) in the
+    /// measured windows, per counted call. A count of work, so unlike
+    /// calls/s it does not drift with the machine's speed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_msgs_per_call: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
 }
@@ -213,8 +219,8 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio |\n\
-             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call |\n\
+             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
@@ -224,7 +230,7 @@ impl Report {
                 .map(|x| format!("{x:.0}"))
                 .collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
@@ -236,6 +242,9 @@ impl Report {
                 latency(&r.ferry),
                 cpu(&r.baseline, &r.ferry),
                 r.cpu_ratio.map_or("-".into(), |x| format!("{x:.2}")),
+                r.ferry
+                    .nats_msgs_per_call
+                    .map_or("-".into(), |x| format!("{x:.1}")),
             );
         }
         out += &format!(
@@ -337,6 +346,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         streams: Arc::default(),
         calls: Arc::default(),
         processes: vec![],
+        nats_varz: None,
     };
     ferry.check_registered().await?;
     let baseline = Baseline {
@@ -373,6 +383,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 streams: Arc::default(),
                 calls: Arc::default(),
                 processes: vec![deployment.nats_pid()],
+                nats_varz: Some(deployment.nats_varz()),
                 ..ferry.clone()
             };
             ferry.wait_registered().await?;
@@ -432,13 +443,17 @@ impl Plan {
                 targets.iter().zip(&mut tallies)
             {
                 let b = baseline.clone();
-                let round_base = drive(callers, self.warmup, self.duration, &[], move |c, n| {
-                    b.clone().call(c, n)
-                })
+                let round_base = drive(
+                    callers,
+                    self.warmup,
+                    self.duration,
+                    (&[], None),
+                    move |c, n| b.clone().call(c, n),
+                )
                 .await;
                 let f = ferry.clone();
-                let others = ferry.processes.clone();
-                let round_fer = drive(callers, self.warmup, self.duration, &others, move |c, n| {
+                let others = (&ferry.processes[..], ferry.nats_varz.clone());
+                let round_fer = drive(callers, self.warmup, self.duration, others, move |c, n| {
                     f.clone().call(callers, c, n)
                 })
                 .await;
@@ -513,11 +528,17 @@ struct Tally {
     /// CPU time of this process (and the processes doing Ferry's work
     /// beside it) in the measured window.
     cpu: Duration,
+    /// Messages sent to NATS in the measured window, for a cluster.
+    nats_msgs: Option<u64>,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
         self.cpu += other.cpu;
+        self.nats_msgs = match (self.nats_msgs, other.nats_msgs) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         self.latencies.extend(other.latencies);
         self.errors += other.errors;
         self.first_error = self.first_error.take().or(other.first_error);
@@ -527,12 +548,13 @@ impl Tally {
 /// Runs `callers` concurrent loops of `call(caller, n)` for warmup plus
 /// duration. A call counts if it ends inside the measured window; its
 /// latency is from just before it started to its end. No new call starts
-/// once the window is over.
+/// once the window is over. `others` are processes doing Ferry's work
+/// beside this one; `varz`, a `nats-server`'s, whose messages are counted.
 async fn drive<F, Fut>(
     callers: usize,
     warmup: Duration,
     duration: Duration,
-    others: &[u32],
+    (others, varz): (&[u32], Option<String>),
     call: F,
 ) -> Tally
 where
@@ -547,9 +569,13 @@ where
     let cpu = tokio::spawn(async move {
         let total = || processes.iter().map(|p| process_cpu(p)).sum::<Duration>();
         tokio::time::sleep_until(begin.into()).await;
-        let before = total();
+        let (before, msgs_before) = (total(), nats_in_msgs(varz.as_deref()).await);
         tokio::time::sleep_until(end.into()).await;
-        total().saturating_sub(before)
+        let (after, msgs_after) = (total(), nats_in_msgs(varz.as_deref()).await);
+        let msgs = msgs_before
+            .zip(msgs_after)
+            .map(|(b, a)| a.saturating_sub(b));
+        (after.saturating_sub(before), msgs)
     });
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
@@ -584,8 +610,15 @@ where
             all.merge(t);
         }
     }
-    all.cpu = cpu.await.unwrap_or_default();
+    (all.cpu, all.nats_msgs) = cpu.await.unwrap_or_default();
     all
+}
+
+/// `in_msgs` of a `nats-server`'s `/varz`: every message its clients sent
+/// it so far. `None` without a server or when it did not answer.
+async fn nats_in_msgs(varz: Option<&str>) -> Option<u64> {
+    let varz: Value = reqwest::get(varz?).await.ok()?.json().await.ok()?;
+    varz.get("in_msgs")?.as_u64()
 }
 
 /// User plus system CPU time of every thread of a process (`self` or a
@@ -620,6 +653,10 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
         p99_ms: ms(99.0),
         cpu_us_per_call: (!tally.latencies.is_empty())
             .then(|| tally.cpu.as_secs_f64() * 1e6 / tally.latencies.len() as f64),
+        nats_msgs_per_call: tally
+            .nats_msgs
+            .filter(|_| !tally.latencies.is_empty())
+            .map(|m| m as f64 / tally.latencies.len() as f64),
         first_error: tally.first_error,
     }
 }
@@ -809,6 +846,8 @@ struct Ferry {
     /// Other processes doing Ferry's work (a cluster's `nats-server`),
     /// whose CPU time counts with this process's.
     processes: Vec<u32>,
+    /// A cluster's `nats-server` `/varz`, whose message count is read.
+    nats_varz: Option<String>,
 }
 
 /// A caller's stream, opened on its first call.
