@@ -59,18 +59,21 @@ impl Nats {
                 dir.path().join("js")
             ),
         )?;
-        let child = Command::new(binary)
+        let mut child = Command::new(binary)
             .arg("-c")
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+        let listening = |port| async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
-            {
+        };
+        for _ in 0..200 {
+            // Both ports: the first window reads `/varz`.
+            if listening(port).await && listening(monitor).await {
                 return Ok(Self {
                     child,
                     url: format!("nats://127.0.0.1:{port}"),
@@ -80,7 +83,9 @@ impl Nats {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        bail!("nats-server did not listen on {port}")
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("nats-server did not listen on {port} and {monitor}")
     }
 }
 
