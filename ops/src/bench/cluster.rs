@@ -189,7 +189,9 @@ mod tests {
     use crate::bench::nats_in_msgs;
 
     /// The bench's count of NATS messages per call rests on `/varz`
-    /// counting what clients publish: a real server, three publishes.
+    /// counting what clients publish: a real server, three publishes. The
+    /// server adds a read's messages to its count after it answered the
+    /// flush's PING, so the count is awaited, not read once.
     #[tokio::test]
     async fn varz_counts_the_messages_clients_send() {
         // Tests run in `ops/`, not where the test command installs it.
@@ -212,8 +214,18 @@ mod tests {
                 .expect("published");
         }
         client.flush().await.expect("flushed");
-        let after = nats_in_msgs(Some(&nats.varz)).await.expect("varz answers");
-        assert!(after >= before + 3, "before {before}, after {after}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let after = nats_in_msgs(Some(&nats.varz)).await.expect("varz answers");
+            if after >= before + 3 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "before {before}, after {after}: the publishes were not counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(nats_in_msgs(None).await, None);
     }
 }
