@@ -15,6 +15,11 @@ use ferry_proto::Invocation;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+/// How long a test waits for the tool to hear something. Generous: on a
+/// machine at a third of its usual speed, running four tests at once (one
+/// of them a browser, one a Node suite), 20 s was not always enough.
+const ARRIVAL: Duration = Duration::from_secs(60);
+
 /// How the tool answers one invocation POST.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Ack {
@@ -158,7 +163,7 @@ impl TestTool {
     /// The next invocation the tool received (whatever it answered).
     pub async fn next_invocation(&self) -> Invoked {
         let mut rx = self.invoked.lock().await;
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        tokio::time::timeout(ARRIVAL, rx.recv())
             .await
             .expect("no invocation arrived")
             .expect("tool stopped")
@@ -168,7 +173,7 @@ impl TestTool {
     /// request received.
     pub async fn next_notice(&self) -> (String, Value) {
         let mut rx = self.notices.lock().await;
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        tokio::time::timeout(ARRIVAL, rx.recv())
             .await
             .expect("no notice arrived")
             .expect("tool stopped")
