@@ -165,8 +165,7 @@ impl Client {
 
     /// `GET`, answered at once.
     pub async fn get(&self, path: &[&str], query: &[(&str, String)]) -> Result<Value, Failure> {
-        self.request(Method::GET, path, query, None, Duration::ZERO)
-            .await
+        self.poll(path, query, Duration::ZERO).await
     }
 
     /// A `GET` that asks Ferry to long-poll for up to `wait`.
@@ -290,7 +289,7 @@ impl Client {
         ))
     }
 
-    /// [`Client::send`] for a command that waits anyway (`--follow`,
+    /// [`Client::poll`] for a command that waits anyway (`--follow`,
     /// `--wait`) on a Ferry it has reached before: an outage (Ferry
     /// restarting, a node that lost NATS) is waited out, said once on
     /// stderr, instead of ending the command. Asking again is safe: only
