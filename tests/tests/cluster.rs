@@ -185,8 +185,8 @@ fn answer_everything(tool: Arc<TestTool>, nodes: Vec<String>) -> tokio::task::Jo
     tokio::spawn(async move {
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
         let mut turn = 0usize;
-        loop {
-            let invocation = tool.next_invocation().await.invocation;
+        while let Some(invoked) = tool.await_invocation().await {
+            let invocation = invoked.invocation;
             let path = path_of(&invocation.callback_url);
             let body = result(&invocation.group_id, &invocation.id, &invocation.id).to_string();
             turn += 1;

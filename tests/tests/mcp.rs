@@ -988,8 +988,8 @@ async fn conformance_tools() -> (std::sync::Arc<TestTool>, tokio::task::JoinHand
     // A 1x1 red PNG.
     let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
     let task = tokio::spawn(async move {
-        loop {
-            let invoked = answering.next_invocation().await.invocation;
+        while let Some(invoked) = answering.await_invocation().await {
+            let invoked = invoked.invocation;
             let (g, id) = (invoked.group_id.clone(), invoked.id.clone());
             let mut body = json!({"type": "tool_result", "group_id": g, "id": id});
             match invoked.operation.as_str() {
