@@ -5,12 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-# The dashboard's end-to-end test drives a real browser: Debian's chromium.
-if [ -z "${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
-  echo "== installing chromium (Debian package) for the dashboard test"
+# The dashboard's end-to-end test drives a real browser through WebDriver:
+# Debian's chromium and its chromedriver.
+if { [ -z "${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; } ||
+   { [ -z "${CHROMEDRIVER:-}" ] && [ ! -x /usr/bin/chromedriver ]; }; then
+  echo "== installing chromium and chromium-driver (Debian packages) for the dashboard test"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
 # The real clients and servers the tests drive: nats-server (cluster

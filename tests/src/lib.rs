@@ -3,6 +3,7 @@
 //! tool server, and a client for the native API.
 
 pub mod api;
+pub mod browser;
 pub mod cases;
 pub mod cluster;
 pub mod ferry;

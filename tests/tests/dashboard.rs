@@ -1,28 +1,15 @@
 //! The reviewer's dashboard in a real browser: headless Chromium (Debian's
-//! `chromium`, installed by `ops/scripts/test.sh`) opens `/ui`, clicks
+//! `chromium`, driven by its `chromedriver`, both installed by
+//! `ops/scripts/test.sh`) opens `/ui`, clicks
 //! "Allow once" on a pending call, and sees the call complete. The page's
 //! screenshot is kept as `target/ferry-dashboard.png`.
 
-use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::time::Duration;
 
+use ferry_tests::browser::Browser;
 use ferry_tests::{Ferry, FerryOptions, TestTool};
 use futures::StreamExt;
-use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
-use headless_chrome::{Browser, LaunchOptions};
 use serde_json::json;
-
-fn chromium() -> PathBuf {
-    let path = std::env::var_os("CHROMIUM")
-        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
-    assert!(
-        path.exists(),
-        "{} is missing: ops/scripts/test.sh installs Debian's chromium",
-        path.display()
-    );
-    path
-}
 
 /// Where the screenshot goes: `target/`, beside the test binaries.
 fn artifact() -> PathBuf {
@@ -30,46 +17,6 @@ fn artifact() -> PathBuf {
     exe.ancestors().nth(3).unwrap().join("ferry-dashboard.png")
 }
 
-/// Headless Chromium, offline.
-fn browser() -> anyhow::Result<Browser> {
-    let args: Vec<&OsStr> = [
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-quic",
-    ]
-    .iter()
-    .map(OsStr::new)
-    .collect();
-    let options = LaunchOptions::default_builder()
-        .path(Some(chromium()))
-        .headless(true)
-        .sandbox(false)
-        .window_size(Some((1280, 900)))
-        .args(args)
-        .build()?;
-    Browser::new(options)
-}
-
-/// Evaluates `js` in the page until it gives `want` (the page refreshes
-/// once a second), for at most 20 s; returns the last value.
-fn page_shows(tab: &headless_chrome::Tab, js: &str, want: &serde_json::Value) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    for _ in 0..100 {
-        last = tab
-            .evaluate(js, false)
-            .ok()
-            .and_then(|r| r.value)
-            .unwrap_or_default();
-        if &last == want {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    last
-}
 /// On a Ferry that asks for an API token (`--api-token`), opened as
 /// `/ui#token=…`: the page's requests carry the token, and the address
 /// bar no longer shows it.
@@ -95,49 +42,48 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
     );
 
     let page = format!("{}/ui#token={token}", ferry.url);
-    let mut browser_side = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<u8>> {
-        let browser = browser()?;
-        let tab = browser.new_tab()?;
-        tab.set_default_timeout(Duration::from_secs(30));
+    let mut browser_side = tokio::spawn(async move {
+        let tab = Browser::start().await?;
         // A fragment that is not percent-encoding, or a token no header
         // can carry: the page says it needs the token, and the address
         // bar is cleared all the same (a review saw the first stop the
         // page's script, the token left in the address bar).
         let base = page.split('#').next().unwrap_or_default().to_owned();
         for bad in ["/#token=%", "?other#token=%E2%82%AC"] {
-            tab.navigate_to(&format!("{base}{bad}"))?
-                .wait_until_navigated()?;
+            tab.navigate(&format!("{base}{bad}")).await?;
             let asks = "document.getElementById('live').textContent.includes('API token') \
                         && !location.href.includes('token')";
-            let shown = page_shows(&tab, asks, &serde_json::Value::Bool(true));
+            let shown = tab.shows(asks, &serde_json::Value::Bool(true)).await;
             anyhow::ensure!(shown == serde_json::Value::Bool(true), "{bad}: {shown}");
         }
-        tab.navigate_to(&page)?.wait_until_navigated()?;
+        tab.navigate(&page).await?;
         let row = r#"#approvals tr[data-call="g/c"]"#;
-        let shown = tab.wait_for_element(row)?.get_inner_text()?;
+        let shown = tab.text(&tab.find(row).await?).await?;
         anyhow::ensure!(
             shown.contains("db.drop_table") && shown.contains("users"),
             "approval row: {shown}"
         );
-        let address = tab.evaluate("location.href", false)?.value;
+        let address = tab.evaluate("location.href").await?;
         anyhow::ensure!(
-            address
-                .as_ref()
-                .and_then(|a| a.as_str())
-                .is_some_and(|a| !a.contains("token")),
+            address.as_str().is_some_and(|a| !a.contains("token")),
             "the token stayed in the address bar: {address:?}"
         );
-        tab.wait_for_element(&format!(r#"{row} button[data-option="allow_once"]"#))?
-            .click()?;
+        let allow = tab
+            .find(&format!(r#"{row} button[data-option="allow_once"]"#))
+            .await?;
+        tab.click(&allow).await?;
         // The page updates live: the call reaches `completed` once the tool
         // answers (the test plays the tool below).
-        tab.wait_for_element(r#"#calls tr[data-call="g/c"] .status.completed"#)?;
-        tab.capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)
+        tab.find(r#"#calls tr[data-call="g/c"] .status.completed"#)
+            .await?;
+        tab.screenshot().await
     });
 
-    // Allowed from the page: the tool gets the invocation; it answers.
+    // Allowed from the page: the tool gets the invocation; it answers. No
+    // deadline of its own: the browser's steps each have one, and a
+    // browser slow to start is no failure.
     let invocation = tokio::select! {
-        invoked = tool.next_invocation() => invoked.invocation,
+        invoked = tool.await_invocation() => invoked.expect("tool stopped").invocation,
         ended = &mut browser_side => panic!("the browser side ended before the call was allowed: {ended:?}"),
     };
     assert_eq!(invocation.arguments, json!({"table": "users"}));
@@ -232,26 +178,23 @@ async fn rows_never_collide_and_a_long_threads_later_events_show() {
     assert_eq!(api.post(&url, &done).await.0, 200);
 
     let (page, decider) = (format!("{}/ui", ferry.url), api.clone());
-    let runtime = tokio::runtime::Handle::current();
-    let (rows, events) = tokio::task::spawn_blocking(move || {
-        let browser = browser().unwrap();
-        let tab = browser.new_tab().unwrap();
-        tab.set_default_timeout(Duration::from_secs(30));
-        tab.navigate_to(&page).unwrap().wait_until_navigated().unwrap();
-        let count = r##"document.querySelectorAll("#approvals tr[data-call]").length"##;
-        let before = page_shows(&tab, count, &json!(2));
-        let decision = json!({"optionId": "reject_once", "reviewer": "ana"});
-        let (status, _) = runtime.block_on(decider.post("/v1/approvals/a/b%2Fc", &decision));
-        assert_eq!(status, 200);
-        let after = page_shows(&tab, count, &json!(1));
-        tab.wait_for_element(r#"#threads tr[data-thread="long"]"#).unwrap().click().unwrap();
-        tab.wait_for_element(r#"#calls tr[data-call="long/late"]"#).unwrap().click().unwrap();
-        let types = r##"[...document.querySelectorAll("#events tbody tr")].map(r => r.cells[1]?.innerText).includes("tool_result")"##;
-        let events = page_shows(&tab, types, &json!(true));
-        ((before, after), events)
-    })
-    .await
-    .unwrap();
+    let tab = Browser::start().await.unwrap();
+    tab.navigate(&page).await.unwrap();
+    let count = r##"document.querySelectorAll("#approvals tr[data-call]").length"##;
+    let before = tab.shows(count, &json!(2)).await;
+    let decision = json!({"optionId": "reject_once", "reviewer": "ana"});
+    let (status, _) = decider.post("/v1/approvals/a/b%2Fc", &decision).await;
+    assert_eq!(status, 200);
+    let after = tab.shows(count, &json!(1)).await;
+    for row in [
+        r#"#threads tr[data-thread="long"]"#,
+        r#"#calls tr[data-call="long/late"]"#,
+    ] {
+        tab.click(&tab.find(row).await.unwrap()).await.unwrap();
+    }
+    let types = r##"[...document.querySelectorAll("#events tbody tr")].map(r => r.cells[1]?.innerText).includes("tool_result")"##;
+    let events = tab.shows(types, &json!(true)).await;
+    let rows = (before, after);
     assert_eq!(
         rows,
         (json!(2), json!(1)),
@@ -284,21 +227,15 @@ async fn overlapping_refreshes_show_each_event_once() {
         .map(|e| e["seq"].to_string())
         .collect();
     let page = format!("{}/ui", ferry.url);
-    let shown = tokio::task::spawn_blocking(move || {
-        let browser = browser().unwrap();
-        let tab = browser.new_tab().unwrap();
-        tab.set_default_timeout(Duration::from_secs(30));
-        tab.navigate_to(&page).unwrap().wait_until_navigated().unwrap();
-        tab.wait_for_element(r#"#threads tr[data-thread="g"]"#).unwrap();
-        let js = r##"(async () => {
-            selectedThread = "g"; selectedCall = "c";
-            await Promise.all([refresh(), refresh()]);
-            await refresh();
-            return [...document.querySelectorAll("#events tbody tr")].map(r => r.cells[0].innerText).join(",");
-        })()"##;
-        tab.evaluate(js, true).unwrap().value.unwrap()
-    })
-    .await
-    .unwrap();
+    let tab = Browser::start().await.unwrap();
+    tab.navigate(&page).await.unwrap();
+    tab.find(r#"#threads tr[data-thread="g"]"#).await.unwrap();
+    let js = r##"(async () => {
+        selectedThread = "g"; selectedCall = "c";
+        await Promise.all([refresh(), refresh()]);
+        await refresh();
+        return [...document.querySelectorAll("#events tbody tr")].map(r => r.cells[0].innerText).join(",");
+    })()"##;
+    let shown = tab.evaluate(js).await.unwrap();
     assert_eq!(shown, json!(seqs.join(",")), "event rows on the page");
 }
