@@ -24,7 +24,9 @@ bash ops/scripts/setup-mcp.sh  # MCP SDK (target/py), Node 22 + conformance suit
 
 # The integration tests spawn the ferry binary; build it (and everything
 # else) before the tests run, so no test waits on a build.
+start=$SECONDS
 cargo build --workspace --bins --tests --quiet
+echo "== built in $((SECONDS - start)) s"
 
 # Two cores: integration tests spawn processes; four test threads keep the
 # machine busy without starving the processes under test.

@@ -1,0 +1,20 @@
+//! The integration suite, one binary: each module is one area, with real
+//! ferry processes, tools on loopback and, for the cluster, nats-server.
+//! One binary links the runtime once; run one area with
+//! `cargo test --test integration <module>::`.
+
+mod acp;
+mod api_tokens;
+mod approvals;
+mod callbacks;
+mod calls;
+mod choices;
+mod cluster;
+mod dashboard;
+mod dispatch;
+mod durability;
+mod mcp;
+mod operator;
+mod oxp;
+mod streams;
+mod toolsets;
