@@ -215,6 +215,15 @@ async fn the_demo_gates_drop_table_and_asks_pick_region() {
 async fn response_url(
     statuses: Vec<u16>,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    response_url_holding_the_first(statuses, None).await
+}
+
+/// [`response_url`], whose first answer waits for `hold` to be notified
+/// when there is one (it counts the request as it arrives).
+async fn response_url_holding_the_first(
+    statuses: Vec<u16>,
+    hold: Option<std::sync::Arc<tokio::sync::Notify>>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let seen = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = seen.clone();
@@ -223,7 +232,13 @@ async fn response_url(
         axum::routing::post(move || {
             let n = counter.fetch_add(1, Ordering::SeqCst);
             let status = statuses.get(n).copied().unwrap_or(200);
-            async move { axum::http::StatusCode::from_u16(status).unwrap() }
+            let hold = hold.clone().filter(|_| n == 0);
+            async move {
+                if let Some(hold) = hold {
+                    hold.notified().await;
+                }
+                axum::http::StatusCode::from_u16(status).unwrap()
+            }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -306,7 +321,10 @@ async fn an_answer_still_owed_is_not_sent_once_the_tool_moved_on() {
     for moved_on in ["asked again", "sent its result"] {
         let (ferry, _tool, url) = setup().await;
         let api = ferry.api();
-        let (response, seen) = response_url(vec![503]).await;
+        // The 503 is held until the tool has moved on: Ferry tries again
+        // 100 ms after it, sooner than a slow machine posts the callback.
+        let hold = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (response, seen) = response_url_holding_the_first(vec![503], Some(hold.clone())).await;
         answer(&ferry, &url, &response).await;
         sent(&seen, 1).await;
         let next = match moved_on {
@@ -320,6 +338,7 @@ async fn an_answer_still_owed_is_not_sent_once_the_tool_moved_on() {
             "applied",
             "{moved_on}"
         );
+        hold.notify_one();
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         assert_eq!(
             seen.load(std::sync::atomic::Ordering::SeqCst),

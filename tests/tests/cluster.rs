@@ -1545,7 +1545,9 @@ async fn journaled_requests_of_a_thread_are_applied_in_order() {
         .await;
     assert_eq!((status, body["seq"].as_u64()), (202, Some(0)), "{body}");
     nats.restart().await;
-    let events = eventually("every event applied", Duration::from_secs(60), || async {
+    // A failure's deadline: on a machine at a sixth of its speed, three
+    // workers took more than 60 s for the 300.
+    let events = eventually("every event applied", Duration::from_secs(180), || async {
         let events = api.events("g", 0).await;
         let ticks = events
             .iter()
@@ -1784,9 +1786,15 @@ async fn a_thread_whose_open_calls_are_large_together_still_closes() {
         a.wait_for("g", &id, "call_dispatched").await;
     }
     let (status, body) = a.post("/v1/threads/g/close", &json!({})).await;
-    assert_eq!(status, 200, "{body}");
-    let (_, thread) = a.thread("g").await;
-    assert_eq!(thread["closed"], true, "{thread}");
+    // Applied within the node's reply wait, or journaled (a slow machine):
+    // either way the worker must manage to close it.
+    let journaled = status == 202 && body["status"] == "journaled";
+    assert!(status == 200 || journaled, "{status} {body}");
+    let thread = eventually("the thread closed", Duration::from_secs(60), || async {
+        let (_, thread) = a.thread("g").await;
+        (thread["closed"] == true).then_some(thread)
+    })
+    .await;
     assert_eq!(thread["counts"], json!({"cancelled": 6}), "{thread}");
 }
 
