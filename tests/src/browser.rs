@@ -133,9 +133,7 @@ impl Browser {
     /// The element's rendered text.
     pub async fn text(&self, element: &Element) -> anyhow::Result<String> {
         let path = format!("/element/{}/text", element.0);
-        let text = self
-            .command(reqwest::Method::GET, &self.at(&path), None)
-            .await?;
+        let text = self.get(&path).await?;
         Ok(text.as_str().unwrap_or_default().to_owned())
     }
 
@@ -147,15 +145,18 @@ impl Browser {
 
     /// The visible page as PNG bytes.
     pub async fn screenshot(&self) -> anyhow::Result<Vec<u8>> {
-        let shot = self
-            .command(reqwest::Method::GET, &self.at("/screenshot"), None)
-            .await?;
+        let shot = self.get("/screenshot").await?;
         let encoded = shot.as_str().ok_or_else(|| anyhow!("no image in {shot}"))?;
         Ok(base64::engine::general_purpose::STANDARD.decode(encoded)?)
     }
 
     fn at(&self, path: &str) -> String {
         format!("/session/{}{path}", self.session)
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.command(reqwest::Method::GET, &self.at(path), None)
+            .await
     }
 
     async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
