@@ -231,6 +231,16 @@ impl Ferry {
         }
     }
 
+    /// Sets `flag`'s value for the next (re)start, in place of one given
+    /// before.
+    pub fn set_option(&mut self, flag: &str, value: &str) {
+        let args = &mut self.options.args;
+        match args.iter().position(|a| a == flag) {
+            Some(i) => args[i + 1] = value.to_owned(),
+            None => args.extend([flag.to_owned(), value.to_owned()]),
+        }
+    }
+
     /// Starts again on the same port and data dir (callback URLs already
     /// handed to tools stay valid).
     pub async fn restart(&mut self) {
