@@ -959,7 +959,9 @@ async fn a_node_started_while_nats_is_down_journals_calls_and_relays_them_later(
 /// worker will once it applies the first. Before, both were answered
 /// `202` and the worker's later refusal reached nobody. Checked with NATS
 /// up but no worker, with NATS down, and after a kill -9 of the node,
-/// whose journal still holds the first body. Once a worker answered, the
+/// whose journal still holds the first body, or which relayed it before
+/// and kept its claim. Once a worker answered, or took the relayed
+/// request out of the inbox with its answer lost in the restart, the
 /// worker decides again: a first submission it refused leaves its id
 /// free.
 #[tokio::test(flavor = "multi_thread")]
@@ -981,9 +983,20 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
         );
     }
 
-    // NATS up, no worker: relayed, not applied.
+    // A thread closed while a worker ran; then no worker.
     let api = a.api();
+    let worker = FerryWorker::start(&nats.url(), &a.url).await;
+    api.post("/v1/threads/decided/close", &json!({})).await;
+    eventually("decided closed", Duration::from_secs(60), || async {
+        let (_, thread) = api.thread("decided").await;
+        (thread["closed"] == true).then_some(())
+    })
+    .await;
+    drop(worker);
+
+    // NATS up, no worker: relayed, not applied.
     provisional(api.submit(body("up", "one")).await);
+    provisional(api.submit(body("decided", "one")).await);
     refused(api.submit(body("up", "two")).await, "conflict");
     provisional(api.submit(body("up", "one")).await);
 
@@ -999,8 +1012,11 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
     a.set_option("--reply-wait-ms", "120000");
     a.restart().await;
     let api = a.api();
-    refused(api.submit(body("down", "two")).await, "conflict");
-    refused(api.submit(body("closed", "two")).await, "conflict");
+    // What the node journaled, and what it relayed before the restart
+    // (its answers lost with the run), still hold their ids.
+    for g in ["down", "closed", "up", "decided"] {
+        refused(api.submit(body(g, "two")).await, "conflict");
+    }
     let (status, reply) = api
         .submit(json!({"operation": "op", "arguments": {"text": 2}, "group_id": "down", "id": "c"}))
         .await;
@@ -1011,6 +1027,10 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
     );
 
     nats.restart().await;
+    // NATS back, no worker: the relayed bodies are still in the inbox.
+    for g in ["up", "decided"] {
+        refused(api.submit(body(g, "two")).await, "conflict");
+    }
     let _worker = FerryWorker::start(&nats.url(), &a.url).await;
     for g in ["up", "down"] {
         let call = eventually(
@@ -1028,17 +1048,25 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
         assert_eq!(status, 200, "the same body answers the call: {reply}");
     }
     // The worker refused `closed`'s first submission, and its answer
-    // freed the id: the second is the worker's to refuse, for the
-    // thread's being closed.
-    eventually(
-        "the node to see the worker's answer",
-        Duration::from_secs(30),
-        || async {
-            let (status, reply) = api.submit(body("closed", "two")).await;
-            (reply["error"]["code"] == "thread_closed").then_some(status)
-        },
-    )
-    .await;
+    // freed the id; `decided`'s answer went to the run before the restart,
+    // and its request's leaving the inbox frees the id. The second bodies
+    // are the worker's to refuse, for the thread's being closed.
+    for g in ["closed", "decided"] {
+        eventually(
+            "the node to see the worker's decision",
+            Duration::from_secs(60),
+            || async {
+                let (status, reply) = api.submit(body(g, "two")).await;
+                let code = reply["error"]["code"].as_str().unwrap_or_default();
+                assert!(
+                    code == "conflict" || code == "thread_closed",
+                    "{g}: {status} {reply}"
+                );
+                (code == "thread_closed").then_some(status)
+            },
+        )
+        .await;
+    }
     for g in ["up", "down"] {
         api.wait_for(g, "c", "call_dispatched").await;
     }
@@ -1048,7 +1076,8 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
         .map(|i| (i.group_id, i.arguments["text"].clone()))
         .collect();
     assert!(
-        sent.iter().all(|(g, text)| text == "one" && g != "closed"),
+        sent.iter()
+            .all(|(g, text)| text == "one" && g != "closed" && g != "decided"),
         "only the first bodies reach the tool: {sent:?}"
     );
 }

@@ -12,9 +12,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::error;
 
+use super::provisional::Relayed;
 use crate::engine::requests::Request;
 use crate::store::commit::GroupCommit;
 use crate::toolsets::StoredToolset;
@@ -53,6 +55,9 @@ pub struct Outbox {
     entries: sled::Tree,
     /// Entries `pending` could not decode, under their own keys.
     unreadable: sled::Tree,
+    /// Submissions relayed and not yet answered, by entry number
+    /// (`provisional::Relayed`).
+    claims: sled::Tree,
     /// The toolsets last read from NATS (one value): what a node started
     /// while NATS is unreachable validates calls against.
     toolsets: sled::Tree,
@@ -66,6 +71,7 @@ impl Outbox {
         let outbox = Self {
             entries: db.open_tree("outbox").map_err(backend)?,
             unreadable: db.open_tree("unreadable").map_err(backend)?,
+            claims: db.open_tree("claims").map_err(backend)?,
             toolsets: db.open_tree("toolsets").map_err(backend)?,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             db,
@@ -151,11 +157,7 @@ impl Outbox {
     /// Every readable entry still to relay, oldest first (unreadable ones
     /// are skipped; `pending` sets them aside).
     pub fn entries(&self) -> impl Iterator<Item = (u64, Entry)> + '_ {
-        self.entries.iter().filter_map(|item| {
-            let (key, value) = item.ok()?;
-            let number = u64::from_be_bytes(key.as_ref().try_into().ok()?);
-            Some((number, rmp_serde::from_slice(&value).ok()?))
-        })
+        numbered(&self.entries)
     }
 
     /// Moves an entry to `unreadable` (copied first: a crash in between
@@ -206,6 +208,30 @@ impl Outbox {
             .map_err(backend)
     }
 
+    /// Keeps a relayed submission's claim on its id (durable after
+    /// [`Outbox::flush`]).
+    pub fn keep_claim(&self, number: u64, claim: &Relayed) -> Result<(), Error> {
+        let bytes = rmp_serde::to_vec_named(claim).expect("claims serialize");
+        self.claims
+            .insert(number.to_be_bytes(), bytes)
+            .map(drop)
+            .map_err(backend)
+    }
+
+    /// Forgets a claim that was settled (a crash that loses this brings
+    /// it back, to be settled again).
+    pub fn forget_claim(&self, number: u64) -> Result<(), Error> {
+        self.claims
+            .remove(number.to_be_bytes())
+            .map(drop)
+            .map_err(backend)
+    }
+
+    /// The claims kept, oldest first (unreadable ones are skipped).
+    pub fn claims(&self) -> impl Iterator<Item = (u64, Relayed)> + '_ {
+        numbered(&self.claims)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -213,6 +239,15 @@ impl Outbox {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// The readable values of a tree keyed by entry number, in order.
+fn numbered<T: DeserializeOwned>(tree: &sled::Tree) -> impl Iterator<Item = (u64, T)> + '_ {
+    tree.iter().filter_map(|item| {
+        let (key, value) = item.ok()?;
+        let number = u64::from_be_bytes(key.as_ref().try_into().ok()?);
+        Some((number, rmp_serde::from_slice(&value).ok()?))
+    })
 }
 
 #[cfg(test)]
@@ -314,5 +349,36 @@ mod tests {
             ["a", "set aside", "b"]
         );
         assert_eq!(outbox.unreadable(), 1, "the key that is no number stays");
+    }
+
+    #[tokio::test]
+    async fn kept_claims_outlast_a_restart_until_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let claim = |seq| Relayed {
+            group_id: "g".into(),
+            id: "c".into(),
+            fingerprint: [seq as u8; 32],
+            seq,
+        };
+        {
+            let outbox = Outbox::open(dir.path()).unwrap();
+            outbox.keep_claim(3, &claim(30)).unwrap();
+            outbox.keep_claim(1, &claim(10)).unwrap();
+            outbox.keep_claim(2, &claim(20)).unwrap();
+            outbox.forget_claim(2).unwrap();
+            outbox
+                .claims
+                .insert(4u64.to_be_bytes(), b"\xc1".to_vec())
+                .unwrap();
+            outbox.flush().await.unwrap();
+        }
+        let outbox = Outbox::open(dir.path()).unwrap();
+        let kept: Vec<_> = outbox.claims().collect();
+        assert_eq!(
+            kept,
+            [(1, claim(10)), (3, claim(30))],
+            "in order, unreadable skipped"
+        );
+        assert!(outbox.is_empty(), "claims are not entries to relay");
     }
 }

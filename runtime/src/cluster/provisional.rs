@@ -11,14 +11,20 @@
 //! built yet").
 //!
 //! An entry lives from its journaling until the worker's answer reaches
-//! this node. Answers lost on the way leave entries behind; the least
-//! recently claimed go first once [`CAPACITY`] are held.
+//! this node. Once relayed it carries its sequence in the inbox stream,
+//! and the node keeps it on disk (`Outbox::keep_claim`): a restart loses
+//! the answers owed to the run before, and the claim would go with them.
+//! A claim whose answer never comes (a restart, an answer lost on the way)
+//! is settled when its request is found gone from the inbox (a worker
+//! decided it); the least recently claimed go first once [`CAPACITY`] are
+//! held.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
 use ferry_proto::api::SubmitCall;
 use lru::LruCache;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -109,14 +115,42 @@ fn value(digest: &mut Sha256, v: &Value) {
 /// The call a submission claims, by thread and id.
 type Key = (String, String);
 
+/// A submission's hold on its id.
+struct Claim {
+    /// Its outbox entry.
+    number: u64,
+    fingerprint: Fingerprint,
+    /// Its sequence in the inbox stream, once relayed.
+    relayed: Option<u64>,
+}
+
+/// A relayed claim as the node keeps it on disk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Relayed {
+    pub group_id: String,
+    pub id: String,
+    pub fingerprint: Fingerprint,
+    /// Its request's sequence in the inbox stream.
+    pub seq: u64,
+}
+
 pub struct Provisional {
-    by_call: LruCache<Key, (u64, Fingerprint)>,
+    by_call: LruCache<Key, Claim>,
     by_number: HashMap<u64, Key>,
 }
 
 /// Another body was journaled under the same id and not answered yet.
 #[derive(Debug, PartialEq)]
-pub struct Conflict;
+pub struct Conflict {
+    /// The outbox entry that holds the id.
+    pub holder: u64,
+    /// Its sequence in the inbox stream, if it was relayed.
+    pub relayed: Option<u64>,
+}
+
+/// The outbox entry of a claim pushed out to make room, whose record on
+/// disk can go.
+pub type Evicted = Option<u64>;
 
 impl Default for Provisional {
     fn default() -> Self {
@@ -140,32 +174,80 @@ impl Provisional {
         number: u64,
         call: &SubmitCall,
         fingerprint: Fingerprint,
-    ) -> Result<(), Conflict> {
-        let Some(id) = &call.id else { return Ok(()) };
+    ) -> Result<Evicted, Conflict> {
+        let Some(id) = &call.id else { return Ok(None) };
         let key = (call.group_id.clone(), id.clone());
-        if let Some((_, held)) = self.by_call.get(&key) {
-            return if *held == fingerprint {
-                Ok(())
+        if let Some(held) = self.by_call.get(&key) {
+            return if held.fingerprint == fingerprint {
+                Ok(None)
             } else {
-                Err(Conflict)
+                Err(Conflict {
+                    holder: held.number,
+                    relayed: held.relayed,
+                })
             };
         }
-        if let Some((_, (evicted, _))) = self.by_call.push(key.clone(), (number, fingerprint)) {
-            self.by_number.remove(&evicted);
-        }
+        let claim = Claim {
+            number,
+            fingerprint,
+            relayed: None,
+        };
+        Ok(self.hold(key, claim))
+    }
+
+    fn hold(&mut self, key: Key, claim: Claim) -> Evicted {
+        let number = claim.number;
+        let evicted = self.by_call.push(key.clone(), claim).map(|(_, gone)| {
+            self.by_number.remove(&gone.number);
+            gone.number
+        });
         self.by_number.insert(number, key);
-        Ok(())
+        evicted
+    }
+
+    /// Entry `number` is in the inbox stream at `seq`: what the node keeps
+    /// of its claim, if it holds one.
+    pub fn relayed(&mut self, number: u64, seq: u64) -> Option<Relayed> {
+        let key = self.by_number.get(&number)?;
+        let claim = self.by_call.peek_mut(key)?;
+        claim.relayed = Some(seq);
+        Some(Relayed {
+            group_id: key.0.clone(),
+            id: key.1.clone(),
+            fingerprint: claim.fingerprint,
+            seq,
+        })
+    }
+
+    /// Takes back a relayed claim an earlier run kept. One for an id
+    /// already held (kept twice by a crash) is not taken.
+    pub fn restore(&mut self, number: u64, relayed: Relayed) -> Evicted {
+        let key = (relayed.group_id, relayed.id);
+        if self.by_call.contains(&key) {
+            return Some(number);
+        }
+        let claim = Claim {
+            number,
+            fingerprint: relayed.fingerprint,
+            relayed: Some(relayed.seq),
+        };
+        self.hold(key, claim)
     }
 
     /// Entry `number` was answered by a worker, or never will be to this
-    /// node (dropped, or an earlier run's copy applied), or was not
-    /// journaled after all.
-    pub fn settle(&mut self, number: u64) {
-        if let Some(key) = self.by_number.remove(&number) {
-            if self.by_call.peek(&key).is_some_and(|(n, _)| *n == number) {
-                self.by_call.pop(&key);
-            }
+    /// node (dropped, or its request left the inbox), or was not
+    /// journaled after all. True if it held a relayed claim (whose record
+    /// on disk can go).
+    pub fn settle(&mut self, number: u64) -> bool {
+        let Some(key) = self.by_number.remove(&number) else {
+            return false;
+        };
+        if !self.by_call.peek(&key).is_some_and(|c| c.number == number) {
+            return false;
         }
+        self.by_call
+            .pop(&key)
+            .is_some_and(|claim| claim.relayed.is_some())
     }
 }
 
@@ -182,7 +264,11 @@ mod tests {
     }
 
     fn claim(p: &mut Provisional, number: u64, call: &SubmitCall) -> Result<(), Conflict> {
-        p.claim(number, call, fingerprint(call))
+        p.claim(number, call, fingerprint(call)).map(drop)
+    }
+
+    fn held(holder: u64, relayed: Option<u64>) -> Result<(), Conflict> {
+        Err(Conflict { holder, relayed })
     }
 
     #[test]
@@ -191,12 +277,12 @@ mod tests {
         let first = call("c", json!({"n": 1}));
         let other = call("c", json!({"n": 2}));
         assert_eq!(claim(&mut p, 1, &first), Ok(()));
-        assert_eq!(claim(&mut p, 2, &other), Err(Conflict));
+        assert_eq!(claim(&mut p, 2, &other), held(1, None));
         assert_eq!(claim(&mut p, 3, &first), Ok(()), "a same-body retry");
         assert_eq!(claim(&mut p, 4, &call("d", json!({"n": 2}))), Ok(()));
         // The retry's answer settles nothing: the first entry holds the id.
         p.settle(3);
-        assert_eq!(claim(&mut p, 5, &other), Err(Conflict));
+        assert_eq!(claim(&mut p, 5, &other), held(1, None));
         p.settle(1);
         assert_eq!(claim(&mut p, 6, &other), Ok(()), "the worker decides now");
         assert_eq!(p.by_call.len(), 2);
@@ -306,7 +392,7 @@ mod tests {
         );
         claim(&mut p, 1, &a).unwrap();
         claim(&mut p, 2, &b).unwrap();
-        claim(&mut p, 3, &c).unwrap();
+        assert_eq!(p.claim(3, &c, fingerprint(&c)), Ok(Some(1)));
         assert_eq!(p.by_call.len(), 2);
         assert!(
             !p.by_number.contains_key(&1),
@@ -317,5 +403,31 @@ mod tests {
             Ok(()),
             "a was forgotten"
         );
+    }
+
+    #[test]
+    fn a_relayed_claim_carries_its_inbox_sequence_and_comes_back_after_a_restart() {
+        let mut p = Provisional::default();
+        let (first, other) = (call("c", json!(1)), call("c", json!(2)));
+        claim(&mut p, 1, &first).unwrap();
+        assert_eq!(p.relayed(2, 7), None, "entry 2 claims nothing");
+        let kept = p.relayed(1, 7).expect("1 holds c");
+        assert_eq!(
+            (kept.group_id.as_str(), kept.id.as_str(), kept.seq),
+            ("g", "c", 7)
+        );
+        assert_eq!(claim(&mut p, 3, &other), held(1, Some(7)));
+        assert!(p.settle(1), "a relayed claim's record can go");
+        assert!(!p.settle(1));
+
+        // The next run takes the kept claim back.
+        let mut next = Provisional::default();
+        assert_eq!(next.restore(1, kept.clone()), None);
+        assert_eq!(claim(&mut next, 9, &other), held(1, Some(7)));
+        assert_eq!(claim(&mut next, 10, &first), Ok(()), "a same-body retry");
+        assert_eq!(next.restore(4, kept), Some(4), "kept twice: once is enough");
+        assert!(next.settle(1));
+        assert_eq!(claim(&mut next, 11, &other), Ok(()));
+        assert!(!next.settle(11), "not relayed: nothing on disk");
     }
 }

@@ -13,17 +13,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use async_nats::HeaderMap;
 use async_trait::async_trait;
 use axum::http::StatusCode;
+use ferry_proto::api::SubmitCall;
 use futures::StreamExt;
 use tokio::sync::{oneshot, Notify};
 use tracing::{debug, info, warn};
 
 use super::outbox::{Entry, Outbox};
 use super::provisional::{self, Provisional};
-use super::subjects;
+use super::{streams, subjects};
 use crate::engine::requests::{Refusal, Reply, Request};
 use crate::engine::{Engine, Error};
 use crate::http::{ApiError, Perform};
@@ -36,6 +37,9 @@ pub const REPLY_HEADER: &str = "Ferry-Reply";
 /// worker applying it gives its commits message ids derived from it, so a
 /// request applied twice is stored once (`store::jetstream::applying`).
 pub const REQUEST_HEADER: &str = "Ferry-Request";
+
+/// JetStream's dedupe header.
+const NATS_MSG_ID: &str = "Nats-Msg-Id";
 
 /// How many outbox entries one relay round publishes before awaiting acks.
 const RELAY_BATCH: usize = 256;
@@ -83,12 +87,22 @@ impl Relay {
         reply_wait: Duration,
     ) -> Result<Arc<Self>, async_nats::SubscribeError> {
         let run = uuid::Uuid::new_v4().simple().to_string();
-        // Submissions a previous run journaled and did not relay are still
-        // provisional.
+        // Submissions a previous run relayed, or journaled and did not
+        // relay, without an answer are still provisional.
         let mut provisional = Provisional::default();
+        let mut evicted = vec![];
+        for (number, claim) in outbox.claims() {
+            evicted.extend(provisional.restore(number, claim));
+        }
         for (number, entry) in outbox.entries() {
             if let Request::Submit { call, .. } = &entry.request {
-                let _ = provisional.claim(number, call, provisional::fingerprint(call));
+                let claimed = provisional.claim(number, call, provisional::fingerprint(call));
+                evicted.extend(claimed.ok().flatten());
+            }
+        }
+        for number in evicted {
+            if let Err(e) = outbox.forget_claim(number) {
+                warn!(error = %e, "forgetting a claim failed");
             }
         }
         let replies = format!("{}.{run}", subjects::REPLY);
@@ -211,7 +225,91 @@ impl Relay {
     /// again.
     fn finish(&self, number: u64) {
         self.release(number);
-        self.provisional.lock().expect("lock").settle(number);
+        // Under the lock, so that a claim is forgotten after it was kept.
+        let mut provisional = self.provisional.lock().expect("lock");
+        if provisional.settle(number) {
+            self.forget_claim(number);
+        }
+    }
+
+    fn forget_claim(&self, number: u64) {
+        if let Err(e) = self.outbox.forget_claim(number) {
+            warn!(number, error = %e, "forgetting a settled claim failed");
+        }
+    }
+
+    /// Entry `number` is in the inbox at `seq`: a submission's claim on
+    /// its id is kept on disk until its answer, so a restart, which loses
+    /// the answers owed to the run before, keeps it.
+    fn relayed(&self, number: u64, seq: u64) {
+        let mut provisional = self.provisional.lock().expect("lock");
+        if let Some(claim) = provisional.relayed(number, seq) {
+            if let Err(e) = self.outbox.keep_claim(number, &claim) {
+                warn!(number, error = %e, "keeping a relayed claim failed");
+            }
+        }
+    }
+
+    /// The name of entry `number` in NATS (`Nats-Msg-Id`, `Ferry-Request`).
+    fn request_name(&self, number: u64) -> String {
+        format!("{}-{number}", self.node)
+    }
+
+    /// Claims `call`'s id for entry `number`, or refuses it (`409`) while
+    /// another body under it waits for a worker: journaled here, or
+    /// relayed and still in the inbox. One relayed that left the inbox
+    /// was decided by a worker whose answer did not reach this run: the
+    /// id is the worker's to decide again.
+    async fn claim(&self, number: u64, call: &SubmitCall) -> Result<(), ApiError> {
+        let fingerprint = provisional::fingerprint(call);
+        let mut held = match self.try_claim(number, call, fingerprint) {
+            Ok(()) => return Ok(()),
+            Err(held) => held,
+        };
+        if let Some(seq) = held.relayed {
+            if self.left_the_inbox(held.holder, seq).await {
+                self.finish(held.holder);
+                match self.try_claim(number, call, fingerprint) {
+                    Ok(()) => return Ok(()),
+                    Err(again) => held = again,
+                }
+            }
+        }
+        let id = call.id.clone().unwrap_or_default();
+        info!(group_id = %call.group_id, id = %id, holder = held.holder, "submission refused: another body under its id is journaled and not applied yet");
+        Err(Error::Rejected(Rejection::Conflict(id)).into())
+    }
+
+    fn try_claim(
+        &self,
+        number: u64,
+        call: &SubmitCall,
+        fingerprint: provisional::Fingerprint,
+    ) -> Result<(), provisional::Conflict> {
+        let mut provisional = self.provisional.lock().expect("lock");
+        if let Some(evicted) = provisional.claim(number, call, fingerprint)? {
+            self.forget_claim(evicted);
+        }
+        Ok(())
+    }
+
+    /// Whether entry `number`, relayed at `seq`, is known to be gone from
+    /// the inbox (a worker acked it). Not when NATS cannot tell.
+    async fn left_the_inbox(&self, number: u64, seq: u64) -> bool {
+        if self.js.client().connection_state() != async_nats::connection::State::Connected {
+            return false;
+        }
+        let Ok(inbox) = self.js.get_stream_no_info(streams::INBOX_STREAM).await else {
+            return false;
+        };
+        match inbox.get_raw_message(seq).await {
+            // Another message under that number: the stream was made anew.
+            Ok(message) => message
+                .headers
+                .get(NATS_MSG_ID)
+                .is_none_or(|id| id.as_str() != self.request_name(number)),
+            Err(e) => e.kind() == stream::RawMessageErrorKind::NoMessageFound,
+        }
     }
 
     /// Publishes a batch (its entries are their threads' requests in
@@ -224,8 +322,8 @@ impl Relay {
         let mut entries = batch.into_iter();
         for (number, entry) in entries.by_ref() {
             let mut headers = HeaderMap::new();
-            let id = format!("{}-{number}", self.node);
-            headers.insert("Nats-Msg-Id", id.as_str());
+            let id = self.request_name(number);
+            headers.insert(NATS_MSG_ID, id.as_str());
             headers.insert(REQUEST_HEADER, id.as_str());
             // The answer comes to this run of the node, whichever run
             // journaled the request: it releases the thread's next one.
@@ -271,11 +369,14 @@ impl Relay {
                 Ok(ack) => {
                     // A repeat: of a copy this run published (its answer
                     // will come), or of one an earlier run did (applied,
-                    // or to be, without an answer to us).
+                    // or to be, without an answer to us: its thread's next
+                    // request may go, and its claim holds while the copy
+                    // is in the inbox, at the sequence the ack gives).
                     let ours = self.unacked.lock().expect("lock").remove(&number);
                     if ack.duplicate && !ours {
-                        self.finish(number);
+                        self.release(number);
                     }
+                    self.relayed(number, ack.sequence);
                     if let Err(e) = self.outbox.remove(number) {
                         warn!(error = %e, "forgetting a relayed entry failed");
                     }
@@ -326,17 +427,7 @@ impl Perform for Relay {
         let bytes = Outbox::encode(&entry);
         self.check_size(bytes.len())?;
         if let Request::Submit { call, .. } = &entry.request {
-            let fingerprint = provisional::fingerprint(call);
-            let claimed = self
-                .provisional
-                .lock()
-                .expect("lock")
-                .claim(number, call, fingerprint);
-            if claimed.is_err() {
-                let id = call.id.clone().unwrap_or_default();
-                info!(group_id = %call.group_id, id = %id, "submission refused: another body under its id is journaled and not applied yet");
-                return Err(Error::Rejected(Rejection::Conflict(id)).into());
-            }
+            self.claim(number, call).await?;
         }
         let (answered, answer) = oneshot::channel();
         self.waiting.lock().expect("lock").insert(number, answered);
