@@ -242,7 +242,7 @@ impl Provisional {
         let Some(key) = self.by_number.remove(&number) else {
             return false;
         };
-        if !self.by_call.peek(&key).is_some_and(|c| c.number == number) {
+        if self.by_call.peek(&key).is_none_or(|c| c.number != number) {
             return false;
         }
         self.by_call
