@@ -986,12 +986,7 @@ async fn another_body_under_a_journaled_id_is_refused_by_the_node_that_journaled
     // A thread closed while a worker ran; then no worker.
     let api = a.api();
     let worker = FerryWorker::start(&nats.url(), &a.url).await;
-    api.post("/v1/threads/decided/close", &json!({})).await;
-    eventually("decided closed", Duration::from_secs(60), || async {
-        let (_, thread) = api.thread("decided").await;
-        (thread["closed"] == true).then_some(())
-    })
-    .await;
+    close(&api, "decided").await;
     drop(worker);
 
     // NATS up, no worker: relayed, not applied.
@@ -1816,17 +1811,24 @@ async fn a_thread_whose_open_calls_are_large_together_still_closes() {
         c.tool.next_invocation().await;
         a.wait_for("g", &id, "call_dispatched").await;
     }
-    let (status, body) = a.post("/v1/threads/g/close", &json!({})).await;
-    // Applied within the node's reply wait, or journaled (a slow machine):
-    // either way the worker must manage to close it.
+    let thread = close(&a, "g").await;
+    assert_eq!(thread["counts"], json!({"cancelled": 6}), "{thread}");
+}
+
+/// Closes thread `g` through `api` and waits until it reads closed: the
+/// close is applied within the node's reply wait, or journaled (a slow
+/// machine), and either way a worker must manage it. The closed thread.
+async fn close(api: &Api, g: &str) -> Value {
+    let (status, body) = api
+        .post(&format!("/v1/threads/{g}/close"), &json!({}))
+        .await;
     let journaled = status == 202 && body["status"] == "journaled";
     assert!(status == 200 || journaled, "{status} {body}");
-    let thread = eventually("the thread closed", Duration::from_secs(60), || async {
-        let (_, thread) = a.thread("g").await;
+    eventually("the thread closed", Duration::from_secs(60), || async {
+        let (_, thread) = api.thread(g).await;
         (thread["closed"] == true).then_some(thread)
     })
-    .await;
-    assert_eq!(thread["counts"], json!({"cancelled": 6}), "{thread}");
+    .await
 }
 
 /// `ferry calls submit --wait` on a node that could only journal the call
