@@ -159,6 +159,13 @@ pub struct Stats {
     /// calls/s it does not drift with the machine's speed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats_msgs_per_call: Option<f64>,
+    /// TCP segments the machine retransmitted in the measured windows
+    /// (`RetransSegs` of `/proc/net/snmp`). On loopback each is a stall
+    /// of at least the 200 ms retransmission timeout, which a starved
+    /// machine causes and Ferry's seven messages per call meet more often
+    /// than the baseline's four: a run with any says more about the
+    /// machine than about Ferry. `None` where the count cannot be read.
+    pub tcp_retransmits: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
 }
@@ -192,6 +199,15 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
+impl Row {
+    /// Whether either side's windows saw TCP retransmissions.
+    fn stalled(&self) -> bool {
+        [&self.baseline, &self.ferry]
+            .iter()
+            .any(|s| s.tcp_retransmits.is_some_and(|n| n > 0))
+    }
+}
+
 impl Report {
     /// Whether the target level met the ratio; `None` if it was not run.
     pub fn target_met(&self) -> Option<bool> {
@@ -219,8 +235,8 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call |\n\
-             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call | TCP retransmits baseline / ferry |\n\
+             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
@@ -230,7 +246,7 @@ impl Report {
                 .map(|x| format!("{x:.0}"))
                 .collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
@@ -245,6 +261,7 @@ impl Report {
                 r.ferry
                     .nats_msgs_per_call
                     .map_or("-".into(), |x| format!("{x:.1}")),
+                retransmits(&r.baseline, &r.ferry),
             );
         }
         out += &format!(
@@ -267,6 +284,15 @@ impl Report {
                 }
             }
         }
+        if let Some(stalled) = self.rows.iter().find(|r| r.stalled()) {
+            out += &format!(
+                "Loopback stalls: TCP retransmitted segments in the measured windows ({} {} callers: {}). \
+                 Each is a stall of 200 ms or more, from the machine rather than Ferry; rerun when they are gone.\n",
+                stalled.mode,
+                stalled.callers,
+                retransmits(&stalled.baseline, &stalled.ferry)
+            );
+        }
         out += &match self.target_met() {
             Some(met) => format!(
                 "Target (ferry >= {TARGET_RATIO} x baseline calls/s at {TARGET_CALLERS} callers): {}\n",
@@ -284,6 +310,11 @@ fn latency(s: &Stats) -> String {
         (Some(p50), Some(p99)) => format!("{p50:.2} / {p99:.2}"),
         _ => "-".to_owned(),
     }
+}
+
+fn retransmits(baseline: &Stats, ferry: &Stats) -> String {
+    let count = |s: &Stats| s.tcp_retransmits.map_or("-".into(), |n| n.to_string());
+    format!("{} / {}", count(baseline), count(ferry))
 }
 
 fn cpu(baseline: &Stats, ferry: &Stats) -> String {
@@ -530,18 +561,26 @@ struct Tally {
     cpu: Duration,
     /// Messages sent to NATS in the measured window, for a cluster.
     nats_msgs: Option<u64>,
+    /// TCP segments the machine retransmitted in the measured window.
+    tcp_retransmits: Option<u64>,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
         self.cpu += other.cpu;
-        self.nats_msgs = match (self.nats_msgs, other.nats_msgs) {
-            (Some(a), Some(b)) => Some(a + b),
-            (a, b) => a.or(b),
-        };
+        self.nats_msgs = sum(self.nats_msgs, other.nats_msgs);
+        self.tcp_retransmits = sum(self.tcp_retransmits, other.tcp_retransmits);
         self.latencies.extend(other.latencies);
         self.errors += other.errors;
         self.first_error = self.first_error.take().or(other.first_error);
+    }
+}
+
+/// Adds two counts of which either may be unknown.
+fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
     }
 }
 
@@ -568,14 +607,20 @@ where
         .collect();
     let cpu = tokio::spawn(async move {
         let total = || processes.iter().map(|p| process_cpu(p)).sum::<Duration>();
+        let between = |before: Option<u64>, after: Option<u64>| {
+            before.zip(after).map(|(b, a)| a.saturating_sub(b))
+        };
         tokio::time::sleep_until(begin.into()).await;
         let (before, msgs_before) = (total(), nats_in_msgs(varz.as_deref()).await);
+        let retrans_before = tcp_retransmitted();
         tokio::time::sleep_until(end.into()).await;
         let (after, msgs_after) = (total(), nats_in_msgs(varz.as_deref()).await);
-        let msgs = msgs_before
-            .zip(msgs_after)
-            .map(|(b, a)| a.saturating_sub(b));
-        (after.saturating_sub(before), msgs)
+        let retrans_after = tcp_retransmitted();
+        (
+            after.saturating_sub(before),
+            between(msgs_before, msgs_after),
+            between(retrans_before, retrans_after),
+        )
     });
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
@@ -610,7 +655,7 @@ where
             all.merge(t);
         }
     }
-    (all.cpu, all.nats_msgs) = cpu.await.unwrap_or_default();
+    (all.cpu, all.nats_msgs, all.tcp_retransmits) = cpu.await.unwrap_or_default();
     all
 }
 
@@ -619,6 +664,21 @@ where
 async fn nats_in_msgs(varz: Option<&str>) -> Option<u64> {
     let varz: Value = reqwest::get(varz?).await.ok()?.json().await.ok()?;
     varz.get("in_msgs")?.as_u64()
+}
+
+/// TCP segments this machine (its network namespace) retransmitted so
+/// far, from `/proc/net/snmp`; `None` where that cannot be read.
+fn tcp_retransmitted() -> Option<u64> {
+    retransmitted_of_snmp(&std::fs::read_to_string("/proc/net/snmp").ok()?)
+}
+
+/// `RetransSegs` of `/proc/net/snmp`: its `Tcp:` lines are a header of
+/// field names, then their values in the same order.
+fn retransmitted_of_snmp(snmp: &str) -> Option<u64> {
+    let mut tcp = snmp.lines().filter_map(|l| l.strip_prefix("Tcp:"));
+    let (names, values) = (tcp.next()?, tcp.next()?);
+    let at = names.split_whitespace().position(|n| n == "RetransSegs")?;
+    values.split_whitespace().nth(at)?.parse().ok()
 }
 
 /// User plus system CPU time of every thread of a process (`self` or a
@@ -657,6 +717,7 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
             .nats_msgs
             .filter(|_| !tally.latencies.is_empty())
             .map(|m| m as f64 / tally.latencies.len() as f64),
+        tcp_retransmits: tally.tcp_retransmits,
         first_error: tally.first_error,
     }
 }
@@ -1017,6 +1078,67 @@ mod tests {
         let stat = "4242 (tokio (rt) 1) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 9";
         assert_eq!(cpu_of_stat(stat), Duration::from_millis(1750));
         assert_eq!(cpu_of_stat(""), Duration::ZERO);
+    }
+
+    #[test]
+    fn retransmitted_segments_are_read_by_their_field_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm RtoMin ActiveOpens RetransSegs InErrs\n\
+                    Tcp: 1 200 7 1347 0\n\
+                    Udp: InDatagrams\nUdp: 5\n";
+        assert_eq!(retransmitted_of_snmp(snmp), Some(1347));
+        for bad in [
+            "",
+            "Tcp: RtoAlgorithm RetransSegs\n",
+            "Tcp: RtoAlgorithm InErrs\nTcp: 1 0\n",
+            "Tcp: RetransSegs\nTcp: many\n",
+        ] {
+            assert_eq!(retransmitted_of_snmp(bad), None, "{bad:?}");
+        }
+        assert!(
+            tcp_retransmitted().is_some(),
+            "this machine's /proc/net/snmp counts them"
+        );
+    }
+
+    #[test]
+    fn a_row_with_retransmissions_is_flagged_as_stalled() {
+        let stats = |retransmits| Stats {
+            calls: 10,
+            errors: 0,
+            calls_per_sec: 10.0,
+            p50_ms: Some(1.0),
+            p99_ms: Some(2.0),
+            cpu_us_per_call: None,
+            nats_msgs_per_call: None,
+            tcp_retransmits: retransmits,
+            first_error: None,
+        };
+        let report = |ferry| Report {
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            rounds: 1,
+            rows: vec![Row {
+                mode: "serve".into(),
+                callers: TARGET_CALLERS,
+                baseline: stats(Some(0)),
+                ferry: stats(ferry),
+                ratio: 1.0,
+                round_ratios: vec![1.0],
+                round_calls_per_sec: vec![10.0],
+                cpu_ratio: None,
+            }],
+        };
+        let calm = report(Some(0)).markdown();
+        assert!(calm.contains("| 0 / 0 |"), "{calm}");
+        assert!(!calm.contains("Loopback stalls"), "{calm}");
+        assert!(!report(None).markdown().contains("Loopback stalls"));
+        let stalled = report(Some(3)).markdown();
+        assert!(stalled.contains("| 0 / 3 |"), "{stalled}");
+        assert!(
+            stalled.contains("Loopback stalls: TCP retransmitted segments in the measured windows (serve 64 callers: 0 / 3)"),
+            "{stalled}"
+        );
     }
 
     #[test]
