@@ -313,13 +313,25 @@ fn latency(s: &Stats) -> String {
 }
 
 fn retransmits(baseline: &Stats, ferry: &Stats) -> String {
-    let count = |s: &Stats| s.tcp_retransmits.map_or("-".into(), |n| n.to_string());
-    format!("{} / {}", count(baseline), count(ferry))
+    both_sides(baseline, ferry, |s| {
+        s.tcp_retransmits.map(|n| n.to_string())
+    })
 }
 
 fn cpu(baseline: &Stats, ferry: &Stats) -> String {
-    let us = |s: &Stats| s.cpu_us_per_call.map_or("-".into(), |x| format!("{x:.0}"));
-    format!("{} / {}", us(baseline), us(ferry))
+    both_sides(baseline, ferry, |s| {
+        s.cpu_us_per_call.map(|x| format!("{x:.0}"))
+    })
+}
+
+/// `baseline / ferry` of one figure, `-` where a side has none.
+fn both_sides(
+    baseline: &Stats,
+    ferry: &Stats,
+    figure: impl Fn(&Stats) -> Option<String>,
+) -> String {
+    let shown = |s| figure(s).unwrap_or_else(|| "-".into());
+    format!("{} / {}", shown(baseline), shown(ferry))
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of sorted samples: the smallest
