@@ -160,12 +160,16 @@ pub struct Stats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats_msgs_per_call: Option<f64>,
     /// TCP segments the machine retransmitted in the measured windows
-    /// (`RetransSegs` of `/proc/net/snmp`). On loopback each is a stall
-    /// of at least the 200 ms retransmission timeout, which a starved
-    /// machine causes and Ferry's seven messages per call meet more often
-    /// than the baseline's four: a run with any says more about the
-    /// machine than about Ferry. `None` where the count cannot be read.
+    /// (`RetransSegs` of `/proc/net/snmp`). On loopback most are tail-loss
+    /// probes: a sender's ACK came late (a busy receiver), it sent its last
+    /// segment again, and nothing waited. `None` where it cannot be read.
     pub tcp_retransmits: Option<u64>,
+    /// Of those, the ones sent because the retransmission timer ran out
+    /// (`TCPTimeouts` of `/proc/net/netstat`): each is a stall of at least
+    /// 200 ms, which a starved machine causes and Ferry's seven messages
+    /// per call meet more often than the baseline's four, so a run with
+    /// any says more about the machine than about Ferry.
+    pub tcp_timeouts: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
 }
@@ -200,11 +204,11 @@ pub struct Report {
 }
 
 impl Row {
-    /// Whether either side's windows saw TCP retransmissions.
+    /// Whether either side's windows saw a TCP retransmission timeout.
     fn stalled(&self) -> bool {
         [&self.baseline, &self.ferry]
             .iter()
-            .any(|s| s.tcp_retransmits.is_some_and(|n| n > 0))
+            .any(|s| s.tcp_timeouts.is_some_and(|n| n > 0))
     }
 }
 
@@ -235,7 +239,7 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call | TCP retransmits baseline / ferry |\n\
+            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call | TCP retransmits (timeouts) baseline / ferry |\n\
              |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
@@ -286,7 +290,7 @@ impl Report {
         }
         if let Some(stalled) = self.rows.iter().find(|r| r.stalled()) {
             out += &format!(
-                "Loopback stalls: TCP retransmitted segments in the measured windows ({} {} callers: {}). \
+                "Loopback stalls: TCP retransmission timeouts in the measured windows ({} {} callers: {}). \
                  Each is a stall of 200 ms or more, from the machine rather than Ferry; rerun when they are gone.\n",
                 stalled.mode,
                 stalled.callers,
@@ -312,9 +316,11 @@ fn latency(s: &Stats) -> String {
     }
 }
 
+/// `retransmits (timeouts)` per side.
 fn retransmits(baseline: &Stats, ferry: &Stats) -> String {
     both_sides(baseline, ferry, |s| {
-        s.tcp_retransmits.map(|n| n.to_string())
+        let timeouts = s.tcp_timeouts.map_or("-".into(), |n| n.to_string());
+        s.tcp_retransmits.map(|n| format!("{n} ({timeouts})"))
     })
 }
 
@@ -575,6 +581,8 @@ struct Tally {
     nats_msgs: Option<u64>,
     /// TCP segments the machine retransmitted in the measured window.
     tcp_retransmits: Option<u64>,
+    /// Its TCP retransmission timeouts in the measured window.
+    tcp_timeouts: Option<u64>,
 }
 
 impl Tally {
@@ -582,6 +590,7 @@ impl Tally {
         self.cpu += other.cpu;
         self.nats_msgs = sum(self.nats_msgs, other.nats_msgs);
         self.tcp_retransmits = sum(self.tcp_retransmits, other.tcp_retransmits);
+        self.tcp_timeouts = sum(self.tcp_timeouts, other.tcp_timeouts);
         self.latencies.extend(other.latencies);
         self.errors += other.errors;
         self.first_error = self.first_error.take().or(other.first_error);
@@ -624,14 +633,15 @@ where
         };
         tokio::time::sleep_until(begin.into()).await;
         let (before, msgs_before) = (total(), nats_in_msgs(varz.as_deref()).await);
-        let retrans_before = tcp_retransmitted();
+        let (retrans_before, timeouts_before) = (tcp_retransmitted(), tcp_timeouts());
         tokio::time::sleep_until(end.into()).await;
         let (after, msgs_after) = (total(), nats_in_msgs(varz.as_deref()).await);
-        let retrans_after = tcp_retransmitted();
+        let (retrans_after, timeouts_after) = (tcp_retransmitted(), tcp_timeouts());
         (
             after.saturating_sub(before),
             between(msgs_before, msgs_after),
             between(retrans_before, retrans_after),
+            between(timeouts_before, timeouts_after),
         )
     });
     let tasks: Vec<_> = (0..callers)
@@ -667,7 +677,12 @@ where
             all.merge(t);
         }
     }
-    (all.cpu, all.nats_msgs, all.tcp_retransmits) = cpu.await.unwrap_or_default();
+    (
+        all.cpu,
+        all.nats_msgs,
+        all.tcp_retransmits,
+        all.tcp_timeouts,
+    ) = cpu.await.unwrap_or_default();
     all
 }
 
@@ -679,17 +694,26 @@ async fn nats_in_msgs(varz: Option<&str>) -> Option<u64> {
 }
 
 /// TCP segments this machine (its network namespace) retransmitted so
-/// far, from `/proc/net/snmp`; `None` where that cannot be read.
+/// far; `None` where that cannot be read.
 fn tcp_retransmitted() -> Option<u64> {
-    retransmitted_of_snmp(&std::fs::read_to_string("/proc/net/snmp").ok()?)
+    let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    kernel_counter(&snmp, "Tcp:", "RetransSegs")
 }
 
-/// `RetransSegs` of `/proc/net/snmp`: its `Tcp:` lines are a header of
-/// field names, then their values in the same order.
-fn retransmitted_of_snmp(snmp: &str) -> Option<u64> {
-    let mut tcp = snmp.lines().filter_map(|l| l.strip_prefix("Tcp:"));
-    let (names, values) = (tcp.next()?, tcp.next()?);
-    let at = names.split_whitespace().position(|n| n == "RetransSegs")?;
+/// The retransmission timeouts this machine's TCP had so far; `None`
+/// where that cannot be read.
+fn tcp_timeouts() -> Option<u64> {
+    let netstat = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    kernel_counter(&netstat, "TcpExt:", "TCPTimeouts")
+}
+
+/// One counter of `/proc/net/snmp` or `/proc/net/netstat`: each group is
+/// two lines starting with its `prefix`, a header of field names, then
+/// their values in the same order.
+fn kernel_counter(table: &str, prefix: &str, name: &str) -> Option<u64> {
+    let mut group = table.lines().filter_map(|l| l.strip_prefix(prefix));
+    let (names, values) = (group.next()?, group.next()?);
+    let at = names.split_whitespace().position(|n| n == name)?;
     values.split_whitespace().nth(at)?.parse().ok()
 }
 
@@ -730,6 +754,7 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
             .filter(|_| !tally.latencies.is_empty())
             .map(|m| m as f64 / tally.latencies.len() as f64),
         tcp_retransmits: tally.tcp_retransmits,
+        tcp_timeouts: tally.tcp_timeouts,
         first_error: tally.first_error,
     }
 }
@@ -1093,29 +1118,35 @@ mod tests {
     }
 
     #[test]
-    fn retransmitted_segments_are_read_by_their_field_name() {
+    fn kernel_counters_are_read_by_their_field_name() {
         let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
                     Tcp: RtoAlgorithm RtoMin ActiveOpens RetransSegs InErrs\n\
                     Tcp: 1 200 7 1347 0\n\
                     Udp: InDatagrams\nUdp: 5\n";
-        assert_eq!(retransmitted_of_snmp(snmp), Some(1347));
+        assert_eq!(kernel_counter(snmp, "Tcp:", "RetransSegs"), Some(1347));
+        // `MPTcpExt:` also ends in `TcpExt:`; only the group itself counts.
+        let netstat = "TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes\n\
+                       TcpExt: 0 12 5031\n\
+                       MPTcpExt: TCPTimeouts\nMPTcpExt: 99\n";
+        assert_eq!(kernel_counter(netstat, "TcpExt:", "TCPTimeouts"), Some(12));
         for bad in [
             "",
             "Tcp: RtoAlgorithm RetransSegs\n",
             "Tcp: RtoAlgorithm InErrs\nTcp: 1 0\n",
             "Tcp: RetransSegs\nTcp: many\n",
+            "Tcp: RtoAlgorithm RetransSegs\nTcp: 1\n",
         ] {
-            assert_eq!(retransmitted_of_snmp(bad), None, "{bad:?}");
+            assert_eq!(kernel_counter(bad, "Tcp:", "RetransSegs"), None, "{bad:?}");
         }
         assert!(
-            tcp_retransmitted().is_some(),
-            "this machine's /proc/net/snmp counts them"
+            tcp_retransmitted().is_some() && tcp_timeouts().is_some(),
+            "this machine's /proc/net/snmp and /proc/net/netstat count them"
         );
     }
 
     #[test]
-    fn a_row_with_retransmissions_is_flagged_as_stalled() {
-        let stats = |retransmits| Stats {
+    fn only_a_row_with_retransmission_timeouts_is_flagged_as_stalled() {
+        let stats = |retransmits, timeouts| Stats {
             calls: 10,
             errors: 0,
             calls_per_sec: 10.0,
@@ -1124,6 +1155,7 @@ mod tests {
             cpu_us_per_call: None,
             nats_msgs_per_call: None,
             tcp_retransmits: retransmits,
+            tcp_timeouts: timeouts,
             first_error: None,
         };
         let report = |ferry| Report {
@@ -1133,22 +1165,28 @@ mod tests {
             rows: vec![Row {
                 mode: "serve".into(),
                 callers: TARGET_CALLERS,
-                baseline: stats(Some(0)),
-                ferry: stats(ferry),
+                baseline: stats(Some(0), Some(0)),
+                ferry,
                 ratio: 1.0,
                 round_ratios: vec![1.0],
                 round_calls_per_sec: vec![10.0],
                 cpu_ratio: None,
             }],
         };
-        let calm = report(Some(0)).markdown();
-        assert!(calm.contains("| 0 / 0 |"), "{calm}");
+        let calm = report(stats(Some(0), Some(0))).markdown();
+        assert!(calm.contains("| 0 (0) / 0 (0) |"), "{calm}");
         assert!(!calm.contains("Loopback stalls"), "{calm}");
-        assert!(!report(None).markdown().contains("Loopback stalls"));
-        let stalled = report(Some(3)).markdown();
-        assert!(stalled.contains("| 0 / 3 |"), "{stalled}");
+        let unknown = report(stats(None, None)).markdown();
+        assert!(unknown.contains("| 0 (0) / - |"), "{unknown}");
+        assert!(!unknown.contains("Loopback stalls"), "{unknown}");
+        // Tail-loss probes alone: late ACKs, nothing waited.
+        let probed = report(stats(Some(34), Some(0))).markdown();
+        assert!(probed.contains("| 0 (0) / 34 (0) |"), "{probed}");
+        assert!(!probed.contains("Loopback stalls"), "{probed}");
+        let stalled = report(stats(Some(3), Some(2))).markdown();
+        assert!(stalled.contains("| 0 (0) / 3 (2) |"), "{stalled}");
         assert!(
-            stalled.contains("Loopback stalls: TCP retransmitted segments in the measured windows (serve 64 callers: 0 / 3)"),
+            stalled.contains("Loopback stalls: TCP retransmission timeouts in the measured windows (serve 64 callers: 0 (0) / 3 (2))"),
             "{stalled}"
         );
     }
