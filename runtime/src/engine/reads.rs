@@ -78,9 +78,9 @@ impl Engine {
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
-        let read = || self.store.events(group_id, after, limit);
-        match tokio::time::timeout(wait, next_page(after, &mut tip, read)).await {
-            Ok(Ok(Some(events))) => Ok(events),
+        let read = |_| self.store.events(group_id, after, limit);
+        match tokio::time::timeout(wait, next_page(after, &mut tip, false, read)).await {
+            Ok(Ok(Some(page))) => Ok(page.events),
             Ok(Ok(None)) | Err(_) => Ok(vec![]),
             Ok(Err(e)) => Err(e.into()),
         }
@@ -125,26 +125,44 @@ impl Engine {
 const BEHIND_FIRST: Duration = Duration::from_millis(1);
 const BEHIND_MOST: Duration = Duration::from_millis(100);
 
-/// The next non-empty page after `cursor`: `read` it, or wait on `tip` for
-/// more. A read that finds nothing though the tip is past the cursor comes
-/// from a replica that has not yet stored what its leader announced (a
-/// cluster on replicated streams): it is tried again after a growing pause
-/// rather than at once, which would spin until the replica caught up.
-/// `None` when the tip can no longer move.
+/// A page of a thread's events, as [`next_page`] read it.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Page {
+    pub events: Vec<Event>,
+    /// The page reached the tip the reader knew of when it read: nothing
+    /// newer is worth reading until the tip moves past it.
+    pub at_tip: bool,
+}
+
+/// The next non-empty page after `cursor`: `read` it (given the tip it
+/// reads towards, 0 while unknown), or wait on `tip` for more. A reader
+/// whose last page was `at_tip` waits for the tip to move before reading:
+/// reading first would only find nothing (in a cluster, a wasted round
+/// trip to NATS per page). A read that finds nothing though the tip is
+/// past the cursor comes from a replica that has not yet stored what its
+/// leader announced (a cluster on replicated streams): it is tried again
+/// after a growing pause rather than at once, which would spin until the
+/// replica caught up. `None` when the tip can no longer move.
 pub(crate) async fn next_page<F, Fut, E>(
     cursor: u64,
     tip: &mut tokio::sync::watch::Receiver<u64>,
+    at_tip: bool,
     mut read: F,
-) -> Result<Option<Vec<Event>>, E>
+) -> Result<Option<Page>, E>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(u64) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Event>, E>>,
 {
+    if at_tip && *tip.borrow() <= cursor && tip.wait_for(|seq| *seq > cursor).await.is_err() {
+        return Ok(None);
+    }
     let mut behind = BEHIND_FIRST;
     loop {
-        let events = read().await?;
-        if !events.is_empty() {
-            return Ok(Some(events));
+        let seen = *tip.borrow();
+        let events = read(seen).await?;
+        if let Some(last) = events.last() {
+            let at_tip = seen > 0 && last.seq >= seen;
+            return Ok(Some(Page { events, at_tip }));
         }
         if *tip.borrow() > cursor {
             tokio::time::sleep(behind).await;
@@ -152,6 +170,17 @@ where
         } else if tip.wait_for(|seq| *seq > cursor).await.is_err() {
             return Ok(None);
         }
+    }
+}
+
+/// How many events a reader at `cursor` asks for when the tip is `tip`: up
+/// to the tip when it is known to be ahead (so that a cluster's read stops
+/// at the commit that reaches it instead of looking for one more), else
+/// `max`.
+pub(crate) fn page_limit(cursor: u64, tip: u64, max: usize) -> usize {
+    match tip.checked_sub(cursor) {
+        Some(ahead) if ahead > 0 => usize::try_from(ahead).map_or(max, |a| a.min(max)),
+        _ => max,
     }
 }
 
@@ -179,12 +208,13 @@ mod tests {
         let (_tx, mut tip) = tokio::sync::watch::channel(5u64);
         let reads = AtomicU32::new(0);
         let started = Instant::now();
-        let read = || {
+        let read = |_| {
             let n = reads.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, ()>(if n < 3 { vec![] } else { vec![event(5)] }) }
         };
-        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
-        assert_eq!(page, vec![event(5)]);
+        let page = next_page(4, &mut tip, false, read).await.unwrap().unwrap();
+        assert_eq!(page.events, vec![event(5)]);
+        assert!(page.at_tip);
         assert_eq!(reads.load(Ordering::SeqCst), 4);
         assert!(started.elapsed() >= Duration::from_millis(7));
     }
@@ -194,7 +224,7 @@ mod tests {
     async fn at_the_tip_the_stream_waits_for_it_to_move() {
         let (tx, mut tip) = tokio::sync::watch::channel(4u64);
         let reads = AtomicU32::new(0);
-        let read = || {
+        let read = |_| {
             let n = reads.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, ()>(if n == 0 { vec![] } else { vec![event(5)] }) }
         };
@@ -203,13 +233,61 @@ mod tests {
             tx.send(5).unwrap();
             tx
         });
-        let page = next_page(4, &mut tip, read).await.unwrap().unwrap();
-        assert_eq!(page, vec![event(5)]);
+        let page = next_page(4, &mut tip, false, read).await.unwrap().unwrap();
+        assert_eq!(page.events, vec![event(5)]);
         assert_eq!(reads.load(Ordering::SeqCst), 2);
         drop(mover.await.unwrap());
         assert_eq!(
-            next_page(5, &mut tip, || async { Ok::<_, ()>(vec![]) }).await,
+            next_page(5, &mut tip, false, |_| async { Ok::<_, ()>(vec![]) }).await,
             Ok(None)
         );
+    }
+
+    /// A stream whose last page reached the tip reads nothing until the tip
+    /// moves, then reads once, towards the new tip; the page that reaches
+    /// it is at the tip again.
+    #[tokio::test(start_paused = true)]
+    async fn at_the_tip_a_stream_waits_before_reading() {
+        let (tx, mut tip) = tokio::sync::watch::channel(5u64);
+        let seen = std::sync::Mutex::new(vec![]);
+        let read = |tip| {
+            seen.lock().unwrap().push(tip);
+            async move { Ok::<_, ()>(vec![event(6), event(7)]) }
+        };
+        let mover = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            tx.send(7).unwrap();
+            tx
+        });
+        let page = next_page(5, &mut tip, true, read).await.unwrap().unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![7],
+            "one read, after the tip moved"
+        );
+        assert_eq!(page.events, vec![event(6), event(7)]);
+        assert!(page.at_tip);
+        let tx = mover.await.unwrap();
+        // A page short of the tip, or read while the tip was unknown (0),
+        // is not at it: the next read goes ahead without waiting.
+        tx.send(9).unwrap();
+        let short = next_page(7, &mut tip, true, |_| async { Ok::<_, ()>(vec![event(8)]) });
+        assert!(!short.await.unwrap().unwrap().at_tip);
+        let (_tx, mut unknown) = tokio::sync::watch::channel(0u64);
+        let page = next_page(0, &mut unknown, false, |_| async {
+            Ok::<_, ()>(vec![event(1)])
+        });
+        assert!(!page.await.unwrap().unwrap().at_tip);
+    }
+
+    #[test]
+    fn a_page_asks_up_to_a_tip_ahead_of_its_cursor() {
+        assert_eq!(page_limit(5, 7, 1000), 2);
+        assert_eq!(page_limit(5, 5_000, 1000), 1000);
+        // Unknown (0), reached, or behind: the largest page.
+        for tip in [0, 4, 5] {
+            assert_eq!(page_limit(5, tip, 1000), 1000, "tip {tip}");
+        }
+        assert_eq!(page_limit(0, u64::MAX, 1000), 1000);
     }
 }

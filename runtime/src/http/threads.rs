@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::views::{CallView, ThreadView};
 use super::{journaled, unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
-use crate::engine::Engine;
+use crate::engine::{reads, Engine};
 
 /// Events per page when `limit` is not given, and the most one page holds.
 const DEFAULT_LIMIT: usize = 100;
@@ -243,17 +243,20 @@ pub(crate) fn follow(
     after: u64,
 ) -> Result<impl Stream<Item = Event>, ApiError> {
     let tip = engine.watch(&group_id)?;
-    let pages = stream::unfold((after, tip), move |(cursor, mut tip)| {
+    let pages = stream::unfold((after, tip, false), move |(cursor, mut tip, at_tip)| {
         let engine = engine.clone();
         let group_id = group_id.clone();
         async move {
-            let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
+            let read = |seen| {
+                let limit = reads::page_limit(cursor, seen, MAX_LIMIT);
+                engine.events(&group_id, cursor, limit, Duration::ZERO)
+            };
             let mut pause = UNAVAILABLE_FIRST;
             loop {
-                match crate::engine::reads::next_page(cursor, &mut tip, read).await {
-                    Ok(Some(events)) => {
-                        let next = events.last().map_or(cursor, |e| e.seq);
-                        return Some((events, (next, tip)));
+                match reads::next_page(cursor, &mut tip, at_tip, read).await {
+                    Ok(Some(page)) => {
+                        let next = page.events.last().map_or(cursor, |e| e.seq);
+                        return Some((page.events, (next, tip, page.at_tip)));
                     }
                     Ok(None) => return None,
                     // NATS unreachable for a while: the stream waits it
