@@ -78,8 +78,8 @@ impl Engine {
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
-        let read = |_| self.store.events(group_id, after, limit);
-        match tokio::time::timeout(wait, next_page(after, &mut tip, false, read)).await {
+        let read = || self.store.events(group_id, after, limit);
+        match tokio::time::timeout(wait, next_page(after, &mut tip, false, limit, read)).await {
             Ok(Ok(Some(page))) => Ok(page.events),
             Ok(Ok(None)) | Err(_) => Ok(vec![]),
             Ok(Err(e)) => Err(e.into()),
@@ -129,28 +129,32 @@ const BEHIND_MOST: Duration = Duration::from_millis(100);
 #[derive(Debug, PartialEq)]
 pub(crate) struct Page {
     pub events: Vec<Event>,
-    /// The page reached the tip the reader knew of when it read: nothing
-    /// newer is worth reading until the tip moves past it.
+    /// The read found the end of the log, at or past the tip known when it
+    /// read: nothing newer is worth reading until the tip moves past it.
     pub at_tip: bool,
 }
 
-/// The next non-empty page after `cursor`: `read` it (given the tip it
-/// reads towards, 0 while unknown), or wait on `tip` for more. A reader
-/// whose last page was `at_tip` waits for the tip to move before reading:
-/// reading first would only find nothing (in a cluster, a wasted round
-/// trip to NATS per page). A read that finds nothing though the tip is
-/// past the cursor comes from a replica that has not yet stored what its
-/// leader announced (a cluster on replicated streams): it is tried again
-/// after a growing pause rather than at once, which would spin until the
-/// replica caught up. `None` when the tip can no longer move.
+/// The next non-empty page after `cursor`, of at most `limit` events:
+/// `read` it, or wait on `tip` for more. A reader whose last page was
+/// `at_tip` waits for the tip to move before reading: reading first would
+/// only find nothing (in a cluster, a wasted round trip to NATS per page).
+/// Every page still reads to the end of the log, not only to the tip: a
+/// cluster's tip moves on a republish that core NATS delivers at most
+/// once, so a commit whose republish was lost is still read with the
+/// next. A read that finds nothing though the tip is past the cursor
+/// comes from a replica that has not yet stored what its leader announced
+/// (a cluster on replicated streams): it is tried again after a growing
+/// pause rather than at once, which would spin until the replica caught
+/// up. `None` when the tip can no longer move.
 pub(crate) async fn next_page<F, Fut, E>(
     cursor: u64,
     tip: &mut tokio::sync::watch::Receiver<u64>,
     at_tip: bool,
+    limit: usize,
     mut read: F,
 ) -> Result<Option<Page>, E>
 where
-    F: FnMut(u64) -> Fut,
+    F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Vec<Event>, E>>,
 {
     if at_tip && *tip.borrow() <= cursor && tip.wait_for(|seq| *seq > cursor).await.is_err() {
@@ -159,9 +163,11 @@ where
     let mut behind = BEHIND_FIRST;
     loop {
         let seen = *tip.borrow();
-        let events = read(seen).await?;
+        let events = read().await?;
         if let Some(last) = events.last() {
-            let at_tip = seen > 0 && last.seq >= seen;
+            // Short of `limit`: the read found the log's end. Short of the
+            // tip too: a replica behind, or more to come; read on.
+            let at_tip = events.len() < limit && last.seq >= seen;
             return Ok(Some(Page { events, at_tip }));
         }
         if *tip.borrow() > cursor {
@@ -170,17 +176,6 @@ where
         } else if tip.wait_for(|seq| *seq > cursor).await.is_err() {
             return Ok(None);
         }
-    }
-}
-
-/// How many events a reader at `cursor` asks for when the tip is `tip`: up
-/// to the tip when it is known to be ahead (so that a cluster's read stops
-/// at the commit that reaches it instead of looking for one more), else
-/// `max`.
-pub(crate) fn page_limit(cursor: u64, tip: u64, max: usize) -> usize {
-    match tip.checked_sub(cursor) {
-        Some(ahead) if ahead > 0 => usize::try_from(ahead).map_or(max, |a| a.min(max)),
-        _ => max,
     }
 }
 
@@ -208,11 +203,14 @@ mod tests {
         let (_tx, mut tip) = tokio::sync::watch::channel(5u64);
         let reads = AtomicU32::new(0);
         let started = Instant::now();
-        let read = |_| {
+        let read = || {
             let n = reads.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, ()>(if n < 3 { vec![] } else { vec![event(5)] }) }
         };
-        let page = next_page(4, &mut tip, false, read).await.unwrap().unwrap();
+        let page = next_page(4, &mut tip, false, 10, read)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(page.events, vec![event(5)]);
         assert!(page.at_tip);
         assert_eq!(reads.load(Ordering::SeqCst), 4);
@@ -224,7 +222,7 @@ mod tests {
     async fn at_the_tip_the_stream_waits_for_it_to_move() {
         let (tx, mut tip) = tokio::sync::watch::channel(4u64);
         let reads = AtomicU32::new(0);
-        let read = |_| {
+        let read = || {
             let n = reads.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, ()>(if n == 0 { vec![] } else { vec![event(5)] }) }
         };
@@ -233,61 +231,76 @@ mod tests {
             tx.send(5).unwrap();
             tx
         });
-        let page = next_page(4, &mut tip, false, read).await.unwrap().unwrap();
+        let page = next_page(4, &mut tip, false, 10, read)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(page.events, vec![event(5)]);
         assert_eq!(reads.load(Ordering::SeqCst), 2);
         drop(mover.await.unwrap());
         assert_eq!(
-            next_page(5, &mut tip, false, |_| async { Ok::<_, ()>(vec![]) }).await,
+            next_page(5, &mut tip, false, 10, || async { Ok::<_, ()>(vec![]) }).await,
             Ok(None)
         );
     }
 
     /// A stream whose last page reached the tip reads nothing until the tip
-    /// moves, then reads once, towards the new tip; the page that reaches
-    /// it is at the tip again.
+    /// moves, then reads once; a page that ends the log at or past the tip
+    /// is at the tip again.
     #[tokio::test(start_paused = true)]
     async fn at_the_tip_a_stream_waits_before_reading() {
         let (tx, mut tip) = tokio::sync::watch::channel(5u64);
-        let seen = std::sync::Mutex::new(vec![]);
-        let read = |tip| {
-            seen.lock().unwrap().push(tip);
+        let reads = AtomicU32::new(0);
+        let read = || {
+            reads.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, ()>(vec![event(6), event(7)]) }
         };
         let mover = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(30)).await;
-            tx.send(7).unwrap();
+            tx.send(6).unwrap();
             tx
         });
-        let page = next_page(5, &mut tip, true, read).await.unwrap().unwrap();
-        assert_eq!(
-            *seen.lock().unwrap(),
-            vec![7],
-            "one read, after the tip moved"
+        let started = Instant::now();
+        let page = next_page(5, &mut tip, true, 10, read)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reads.load(Ordering::SeqCst), 1, "one read");
+        assert!(
+            started.elapsed() >= Duration::from_secs(30),
+            "after the tip moved"
         );
+        // Read to the log's end: 7 too, though the tip announced only 6.
         assert_eq!(page.events, vec![event(6), event(7)]);
         assert!(page.at_tip);
-        let tx = mover.await.unwrap();
-        // A page short of the tip, or read while the tip was unknown (0),
-        // is not at it: the next read goes ahead without waiting.
-        tx.send(9).unwrap();
-        let short = next_page(7, &mut tip, true, |_| async { Ok::<_, ()>(vec![event(8)]) });
-        assert!(!short.await.unwrap().unwrap().at_tip);
-        let (_tx, mut unknown) = tokio::sync::watch::channel(0u64);
-        let page = next_page(0, &mut unknown, false, |_| async {
-            Ok::<_, ()>(vec![event(1)])
-        });
-        assert!(!page.await.unwrap().unwrap().at_tip);
+        drop(mover.await.unwrap());
     }
 
-    #[test]
-    fn a_page_asks_up_to_a_tip_ahead_of_its_cursor() {
-        assert_eq!(page_limit(5, 7, 1000), 2);
-        assert_eq!(page_limit(5, 5_000, 1000), 1000);
-        // Unknown (0), reached, or behind: the largest page.
-        for tip in [0, 4, 5] {
-            assert_eq!(page_limit(5, tip, 1000), 1000, "tip {tip}");
-        }
-        assert_eq!(page_limit(0, u64::MAX, 1000), 1000);
+    /// A page that is not at the tip: the next read goes ahead at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_page_or_one_short_of_the_tip_is_not_at_it() {
+        let (_tx, mut tip) = tokio::sync::watch::channel(9u64);
+        let page = |events: Vec<u64>| {
+            let events: Vec<Event> = events.into_iter().map(event).collect();
+            move || {
+                let events = events.clone();
+                async move { Ok::<_, ()>(events) }
+            }
+        };
+        // Full: the log may go on past the page, whatever the tip says.
+        let full = next_page(7, &mut tip, false, 2, page(vec![8, 9])).await;
+        assert!(!full.unwrap().unwrap().at_tip);
+        // Short of the tip: a replica behind, or a page cut short.
+        let short = next_page(7, &mut tip, false, 10, page(vec![8])).await;
+        assert!(!short.unwrap().unwrap().at_tip);
+        // Past a tip not yet known (0): the end of the log.
+        let (_tx, mut unknown) = tokio::sync::watch::channel(0u64);
+        let first = next_page(0, &mut unknown, false, 10, page(vec![1])).await;
+        assert!(first.unwrap().unwrap().at_tip);
+        // Not at the tip, a reader reads at once even if the tip is behind.
+        let started = Instant::now();
+        let again = next_page(9, &mut tip, false, 10, page(vec![10])).await;
+        assert_eq!(again.unwrap().unwrap().events, vec![event(10)]);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

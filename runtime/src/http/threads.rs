@@ -247,13 +247,10 @@ pub(crate) fn follow(
         let engine = engine.clone();
         let group_id = group_id.clone();
         async move {
-            let read = |seen| {
-                let limit = reads::page_limit(cursor, seen, MAX_LIMIT);
-                engine.events(&group_id, cursor, limit, Duration::ZERO)
-            };
+            let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
             let mut pause = UNAVAILABLE_FIRST;
             loop {
-                match reads::next_page(cursor, &mut tip, at_tip, read).await {
+                match reads::next_page(cursor, &mut tip, at_tip, MAX_LIMIT, read).await {
                     Ok(Some(page)) => {
                         let next = page.events.last().map_or(cursor, |e| e.seq);
                         return Some((page.events, (next, tip, page.at_tip)));
