@@ -1859,3 +1859,33 @@ async fn an_operator_waits_for_a_call_a_node_only_journaled() {
     assert_eq!(call["status"], "completed", "{call}");
     answering.abort();
 }
+
+/// A stream opened on a node that has not reached NATS since it started
+/// waits it out, then delivers the thread's events, those stored after it
+/// caught up too. Before, once caught up it waited on the watch it took
+/// before the store was there, which never moves: the `tool_result`
+/// never came.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_opened_before_its_node_reached_nats_follows_the_thread() {
+    let mut c = Cluster::start(1).await;
+    let callback = c.dispatched(&c.a.api(), "g", "c1").await;
+    c.a.kill9();
+    c.nats.kill9();
+    c.a.restart().await;
+    let a = c.a.api();
+    assert_eq!(a.get("/v1/threads/g").await.0, 503);
+    let mut stream = SseReader::open(&a, "/v1/threads/g/stream", None).await;
+    c.nats.restart().await;
+    for kind in ["call_accepted", "call_dispatched"] {
+        assert_eq!(stream.next().await.data["type"], kind);
+    }
+    let (status, body) = a
+        .post(&path_of(&callback), &result("g", "c1", "done"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let answered = stream.next().await.data;
+    assert_eq!(
+        (&answered["type"], &answered["seq"]),
+        (&json!("tool_result"), &json!(3))
+    );
+}

@@ -243,17 +243,26 @@ pub(crate) fn follow(
     after: u64,
 ) -> Result<impl Stream<Item = Event>, ApiError> {
     let tip = engine.watch(&group_id)?;
-    let pages = stream::unfold((after, tip, false), move |(cursor, mut tip, at_tip)| {
+    let pages = stream::unfold((after, tip, false), move |(cursor, mut tip, mut at_tip)| {
         let engine = engine.clone();
         let group_id = group_id.clone();
         async move {
             let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
             let mut pause = UNAVAILABLE_FIRST;
+            let mut taken_again = false;
             loop {
                 match reads::next_page(cursor, &mut tip, at_tip, MAX_LIMIT, read).await {
                     Ok(Some(page)) => {
                         let next = page.events.last().map_or(cursor, |e| e.seq);
                         return Some((page.events, (next, tip, page.at_tip)));
+                    }
+                    // A watch taken before a cluster node first reached NATS
+                    // ends when it does: take the real one, once, and read.
+                    Ok(None) if !taken_again => {
+                        let Ok(fresh) = engine.watch(&group_id) else {
+                            return None;
+                        };
+                        (tip, at_tip, taken_again) = (fresh, false, true);
                     }
                     Ok(None) => return None,
                     // NATS unreachable for a while: the stream waits it

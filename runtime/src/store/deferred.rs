@@ -4,7 +4,7 @@
 //! [`Error::Unavailable`], which the API answers 503 and a node's relay
 //! path never needs (it journals).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
@@ -17,25 +17,27 @@ use crate::toolsets::StoredToolset;
 pub struct Deferred {
     inner: OnceLock<Arc<dyn Store>>,
     /// What watches taken before the store is there follow: it never
-    /// moves, and lives as long as the store, so their readers wait their
-    /// whole wait instead of ending early.
-    still: watch::Sender<u64>,
+    /// moves, and ends when the store arrives, so that their readers take
+    /// a watch of the real store (a stream that caught up would otherwise
+    /// wait on this one for good).
+    still: Mutex<Option<watch::Sender<u64>>>,
 }
 
 impl Default for Deferred {
     fn default() -> Self {
         Self {
             inner: OnceLock::new(),
-            still: watch::Sender::new(0),
+            still: Mutex::new(Some(watch::Sender::new(0))),
         }
     }
 }
 
 impl Deferred {
     /// Hands over the real store; later calls go to it. Only the first
-    /// counts.
+    /// counts. Watches taken before end.
     pub fn set(&self, store: Arc<dyn Store>) {
         let _ = self.inner.set(store);
+        self.still.lock().expect("still lock").take();
     }
 
     pub fn is_ready(&self) -> bool {
@@ -92,13 +94,19 @@ impl Store for Deferred {
         self.get()?.events(group_id, after, limit).await
     }
 
-    /// Before the store is there, a watch that never moves: its reader's
-    /// next read is refused as unavailable anyway.
+    /// Before the store is there, a watch that never moves until it ends
+    /// with the store's arrival: its reader's next read is refused as
+    /// unavailable anyway.
     fn watch(&self, group_id: &str) -> Watch {
-        match self.inner.get() {
-            Some(store) => store.watch(group_id),
-            None => Watch::new(self.still.subscribe(), Box::new(|| {})),
+        if let Some(store) = self.inner.get() {
+            return store.watch(group_id);
         }
+        let receiver = match &*self.still.lock().expect("still lock") {
+            Some(still) => still.subscribe(),
+            // The store arrived meanwhile: an ended watch, taken again.
+            None => watch::channel(0).1,
+        };
+        Watch::new(receiver, Box::new(|| {}))
     }
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {
@@ -131,5 +139,31 @@ impl Store for Deferred {
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
         self.get()?.toolsets().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sled::SledStore;
+
+    /// A watch taken before the store is there ends when it arrives (its
+    /// reader then takes one of the real store); one taken after is the
+    /// real store's.
+    #[tokio::test]
+    async fn watches_taken_before_the_store_end_when_it_arrives() {
+        let deferred = Deferred::default();
+        let mut early = deferred.watch("g");
+        assert!(matches!(
+            deferred.events("g", 0, 10).await,
+            Err(Error::Unavailable(_))
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        deferred.set(Arc::new(SledStore::open(dir.path()).unwrap()));
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), early.changed());
+        assert!(ended.await.unwrap().is_err(), "the early watch ended");
+        let late = deferred.watch("g");
+        assert!(late.has_changed().is_ok(), "the real store's watch is open");
+        assert_eq!(deferred.events("g", 0, 10).await.unwrap(), vec![]);
     }
 }
