@@ -574,34 +574,69 @@ struct Tally {
     latencies: Vec<Duration>,
     errors: u64,
     first_error: Option<String>,
-    /// CPU time of this process (and the processes doing Ferry's work
-    /// beside it) in the measured window.
-    cpu: Duration,
-    /// Messages sent to NATS in the measured window, for a cluster.
-    nats_msgs: Option<u64>,
-    /// TCP segments the machine retransmitted in the measured window.
-    tcp_retransmits: Option<u64>,
-    /// Its TCP retransmission timeouts in the measured window.
-    tcp_timeouts: Option<u64>,
+    /// What the machine did in the measured window.
+    window: Counters,
 }
 
 impl Tally {
     fn merge(&mut self, other: Tally) {
-        self.cpu += other.cpu;
-        self.nats_msgs = sum(self.nats_msgs, other.nats_msgs);
-        self.tcp_retransmits = sum(self.tcp_retransmits, other.tcp_retransmits);
-        self.tcp_timeouts = sum(self.tcp_timeouts, other.tcp_timeouts);
+        self.window.add(other.window);
         self.latencies.extend(other.latencies);
         self.errors += other.errors;
         self.first_error = self.first_error.take().or(other.first_error);
     }
 }
 
-/// Adds two counts of which either may be unknown.
-fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
+/// The machine's counters: read at an edge of a measured window, so far;
+/// as a difference of two readings, over the window.
+#[derive(Default)]
+struct Counters {
+    /// CPU time of this process and the processes doing Ferry's work
+    /// beside it.
+    cpu: Duration,
+    /// Messages sent to NATS, for a cluster.
+    nats_msgs: Option<u64>,
+    /// TCP segments the machine retransmitted.
+    tcp_retransmits: Option<u64>,
+    /// Its TCP retransmission timeouts.
+    tcp_timeouts: Option<u64>,
+}
+
+impl Counters {
+    /// Reads them now: the CPU of `processes` (`self` or pids), the
+    /// messages of the `nats-server` whose `/varz` is given.
+    async fn read(processes: &[String], varz: Option<&str>) -> Counters {
+        Counters {
+            cpu: processes.iter().map(|p| process_cpu(p)).sum(),
+            nats_msgs: nats_in_msgs(varz).await,
+            tcp_retransmits: tcp_retransmitted(),
+            tcp_timeouts: tcp_timeouts(),
+        }
+    }
+
+    /// From reading `before` to this one.
+    fn since(self, before: Counters) -> Counters {
+        let between = |before: Option<u64>, after: Option<u64>| {
+            before.zip(after).map(|(b, a)| a.saturating_sub(b))
+        };
+        Counters {
+            cpu: self.cpu.saturating_sub(before.cpu),
+            nats_msgs: between(before.nats_msgs, self.nats_msgs),
+            tcp_retransmits: between(before.tcp_retransmits, self.tcp_retransmits),
+            tcp_timeouts: between(before.tcp_timeouts, self.tcp_timeouts),
+        }
+    }
+
+    /// Adds another window's; a count either lacks is the other's.
+    fn add(&mut self, other: Counters) {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        self.cpu += other.cpu;
+        self.nats_msgs = sum(self.nats_msgs, other.nats_msgs);
+        self.tcp_retransmits = sum(self.tcp_retransmits, other.tcp_retransmits);
+        self.tcp_timeouts = sum(self.tcp_timeouts, other.tcp_timeouts);
     }
 }
 
@@ -626,23 +661,13 @@ where
     let processes: Vec<String> = std::iter::once("self".to_owned())
         .chain(others.iter().map(u32::to_string))
         .collect();
-    let cpu = tokio::spawn(async move {
-        let total = || processes.iter().map(|p| process_cpu(p)).sum::<Duration>();
-        let between = |before: Option<u64>, after: Option<u64>| {
-            before.zip(after).map(|(b, a)| a.saturating_sub(b))
-        };
+    let window = tokio::spawn(async move {
         tokio::time::sleep_until(begin.into()).await;
-        let (before, msgs_before) = (total(), nats_in_msgs(varz.as_deref()).await);
-        let (retrans_before, timeouts_before) = (tcp_retransmitted(), tcp_timeouts());
+        let before = Counters::read(&processes, varz.as_deref()).await;
         tokio::time::sleep_until(end.into()).await;
-        let (after, msgs_after) = (total(), nats_in_msgs(varz.as_deref()).await);
-        let (retrans_after, timeouts_after) = (tcp_retransmitted(), tcp_timeouts());
-        (
-            after.saturating_sub(before),
-            between(msgs_before, msgs_after),
-            between(retrans_before, retrans_after),
-            between(timeouts_before, timeouts_after),
-        )
+        Counters::read(&processes, varz.as_deref())
+            .await
+            .since(before)
     });
     let tasks: Vec<_> = (0..callers)
         .map(|caller| {
@@ -677,12 +702,7 @@ where
             all.merge(t);
         }
     }
-    (
-        all.cpu,
-        all.nats_msgs,
-        all.tcp_retransmits,
-        all.tcp_timeouts,
-    ) = cpu.await.unwrap_or_default();
+    all.window = window.await.unwrap_or_default();
     all
 }
 
@@ -748,13 +768,14 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
         p50_ms: ms(50.0),
         p99_ms: ms(99.0),
         cpu_us_per_call: (!tally.latencies.is_empty())
-            .then(|| tally.cpu.as_secs_f64() * 1e6 / tally.latencies.len() as f64),
+            .then(|| tally.window.cpu.as_secs_f64() * 1e6 / tally.latencies.len() as f64),
         nats_msgs_per_call: tally
+            .window
             .nats_msgs
             .filter(|_| !tally.latencies.is_empty())
             .map(|m| m as f64 / tally.latencies.len() as f64),
-        tcp_retransmits: tally.tcp_retransmits,
-        tcp_timeouts: tally.tcp_timeouts,
+        tcp_retransmits: tally.window.tcp_retransmits,
+        tcp_timeouts: tally.window.tcp_timeouts,
         first_error: tally.first_error,
     }
 }
