@@ -14,7 +14,7 @@ use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
-use ferry_runtime::store::jetstream::JetStreamStore;
+use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
 use ferry_runtime::store::Store;
 use ferry_runtime::token::Capabilities;
 use ferry_runtime::toolsets::StoredToolset;
@@ -64,30 +64,54 @@ pub struct WorkerOptions {
 /// Connects to NATS; afterwards the client reconnects on its own, forever.
 /// With `wait`, returns only once NATS answered (a worker has nothing to
 /// do before); without, at once, connecting in the background (a runtime
-/// node journals meanwhile).
-async fn connect(urls: &str, wait: bool) -> anyhow::Result<async_nats::Client> {
+/// node journals meanwhile). Also returns what the client reports of
+/// messages it dropped, which a runtime node's store acts on.
+async fn connect(
+    urls: &str,
+    wait: bool,
+) -> anyhow::Result<(async_nats::Client, Arc<ClientEvents>)> {
     let servers = urls
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("--nats {urls:?}"))?;
+    let events = Arc::new(ClientEvents::default());
     let mut delay = Duration::from_millis(100);
     loop {
+        let seen = events.clone();
         let mut options = async_nats::ConnectOptions::new()
             .name("ferry")
             .max_reconnects(None)
-            .connection_timeout(Duration::from_secs(2));
+            .connection_timeout(Duration::from_secs(2))
+            .event_callback(move |event| {
+                seen.record(&event);
+                log_nats_event(&event);
+                std::future::ready(())
+            });
         if !wait {
             options = options.retry_on_initial_connect();
         }
         match options.connect(servers.clone()).await {
-            Ok(client) => return Ok(client),
+            Ok(client) => return Ok((client, events)),
             Err(e) => {
                 warn!(urls, error = %e, "NATS not reachable yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+/// What the NATS client tells of its connection, in the node's log.
+fn log_nats_event(event: &async_nats::Event) {
+    use async_nats::Event;
+    match event {
+        Event::Connected => info!("connected to NATS"),
+        Event::Disconnected => warn!("disconnected from NATS; reconnecting"),
+        Event::SlowConsumer(_) => {
+            warn!("a NATS subscription fell behind and dropped messages")
+        }
+        other => info!(event = %other, "NATS client event"),
     }
 }
 
@@ -105,6 +129,7 @@ async fn jetstream_store(
     options: &ClusterOptions,
     role: Role,
     client: &async_nats::Client,
+    events: &Arc<ClientEvents>,
     attempts: Option<u32>,
 ) -> anyhow::Result<Arc<JetStreamStore>> {
     let js = async_nats::jetstream::new(client.clone());
@@ -114,7 +139,9 @@ async fn jetstream_store(
         let ready = async {
             streams::ensure(&js, options.replicas).await?;
             let follow = role == Role::Runtime;
-            anyhow::Ok(JetStreamStore::connect(client.clone(), options.replicas, follow).await?)
+            let store =
+                JetStreamStore::connect(client.clone(), events.clone(), options.replicas, follow);
+            anyhow::Ok(store.await?)
         };
         match ready.await {
             Ok(store) => return Ok(store),
@@ -202,12 +229,13 @@ const ATTACH_WAIT: Duration = Duration::from_secs(10);
 async fn attach(
     options: RuntimeOptions,
     client: async_nats::Client,
+    events: Arc<ClientEvents>,
     store: Arc<Deferred>,
     engine: Arc<Engine>,
     outbox: Arc<Outbox>,
 ) {
     let jetstream = loop {
-        match jetstream_store(&options.cluster, Role::Runtime, &client, None).await {
+        match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
             Ok(jetstream) => break jetstream,
             Err(e) => warn!(error = %e, "binding JetStream failed; retrying"),
         }
@@ -257,7 +285,7 @@ pub async fn start_runtime(
         .await
         .with_context(|| format!("binding {}", options.listen))?;
     let addr = listener.local_addr()?;
-    let client = connect(&options.cluster.nats, false).await?;
+    let (client, events) = connect(&options.cluster.nats, false).await?;
     let public_url = options
         .cluster
         .public_url
@@ -278,6 +306,7 @@ pub async fn start_runtime(
     let attached = tokio::spawn(attach(
         options.clone(),
         client.clone(),
+        events,
         store.clone(),
         engine.clone(),
         outbox.clone(),
@@ -348,13 +377,13 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
 
 /// Runs a worker until its consumers end.
 pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
-    let client = connect(&options.cluster.nats, true).await?;
+    let (client, events) = connect(&options.cluster.nats, true).await?;
     let public_url = options
         .cluster
         .public_url
         .clone()
         .context("a worker needs --public-url")?;
-    let store = jetstream_store(&options.cluster, Role::Worker, &client, Some(60)).await?;
+    let store = jetstream_store(&options.cluster, Role::Worker, &client, &events, Some(60)).await?;
     let engine = engine(
         &options.cluster,
         &public_url,

@@ -1889,3 +1889,134 @@ async fn a_stream_opened_before_its_node_reached_nats_follows_the_thread() {
         (&json!("tool_result"), &json!(3))
     );
 }
+
+/// Core NATS drops the messages of a subscription whose reader fell
+/// behind (a slow consumer) and never sends them again. When the
+/// subscription a runtime node follows commits by drops some, the node
+/// reads its watched threads' tips again, so no stream waits for a commit
+/// it missed. Here the observing store's client holds one message per
+/// subscription, on a single-threaded runtime: a burst of commits
+/// overflows it.
+#[tokio::test]
+async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
+    use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
+    use ferry_runtime::store::Store;
+
+    let nats = Nats::start().await;
+    let events = Arc::new(ClientEvents::default());
+    let seen = events.clone();
+    let observer = async_nats::ConnectOptions::new()
+        .subscription_capacity(1)
+        .event_callback(move |event| {
+            seen.record(&event);
+            std::future::ready(())
+        })
+        .connect(nats.url())
+        .await
+        .unwrap();
+    let store = JetStreamStore::connect(observer, events.clone(), 1, true)
+        .await
+        .unwrap();
+    // Another process's commits, as the stream stores them.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let commit = |group_id: String, seq: u64| {
+        let js = js.clone();
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Ferry-Last-Seq", seq.to_string().as_str());
+            let subject = ferry_runtime::cluster::subjects::log(&group_id);
+            js.publish_with_headers(subject, headers, "commit".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    let groups: Vec<String> = (0..200).map(|i| format!("g{i}")).collect();
+    for group_id in &groups {
+        commit(group_id.clone(), 1).await;
+    }
+    let mut watches: Vec<_> = groups.iter().map(|g| store.watch(g)).collect();
+    for watch in &mut watches {
+        let read = tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|t| *t >= 1));
+        assert!(
+            matches!(read.await, Ok(Ok(_))),
+            "a watch never read its tip"
+        );
+    }
+    let before = events.slow_consumer_drops();
+    join_all(groups.iter().map(|g| commit(g.clone(), 2))).await;
+    eventually(
+        "the burst to overflow the subscription",
+        Duration::from_secs(10),
+        || async { (events.slow_consumer_drops() > before).then_some(()) },
+    )
+    .await;
+    for (group_id, watch) in groups.iter().zip(&mut watches) {
+        let moved = tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|t| *t >= 2));
+        assert!(
+            matches!(moved.await, Ok(Ok(_))),
+            "{group_id}: its stored commit 2 never reached the watch (tip {})",
+            *watch.borrow()
+        );
+    }
+}
+
+/// A node reads a thread's tip from the stream when a reader starts to
+/// watch it. If that read fails (here the stream refuses direct gets for
+/// a while), it is tried again until it succeeds: a thread written to no
+/// more would otherwise keep its reader waiting for good.
+#[tokio::test]
+async fn a_failed_read_of_a_watched_tip_is_tried_again() {
+    use ferry_runtime::store::jetstream::JetStreamStore;
+    use ferry_runtime::store::Store;
+
+    let nats = Nats::start().await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let store = JetStreamStore::connect(client.clone(), Arc::default(), 1, true)
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let groups: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+    for group_id in &groups {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Ferry-Last-Seq", "1");
+        let subject = ferry_runtime::cluster::subjects::log(group_id);
+        js.publish_with_headers(subject, headers, "commit".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let direct = |allow: bool| {
+        let js = js.clone();
+        async move {
+            let mut config = js
+                .get_stream("FERRY_THREADS")
+                .await
+                .unwrap()
+                .cached_info()
+                .config
+                .clone();
+            config.allow_direct = allow;
+            js.update_stream(config).await.unwrap();
+        }
+    };
+    direct(false).await;
+    let mut watches: Vec<_> = groups.iter().map(|g| store.watch(g)).collect();
+    eventually(
+        "a read of a tip to fail",
+        Duration::from_secs(10),
+        || async { store.tips_unread().then_some(()) },
+    )
+    .await;
+    direct(true).await;
+    for (group_id, watch) in groups.iter().zip(&mut watches) {
+        let read = tokio::time::timeout(Duration::from_secs(10), watch.wait_for(|t| *t >= 1));
+        assert!(
+            matches!(read.await, Ok(Ok(_))),
+            "{group_id}: its tip was never read again"
+        );
+    }
+    assert!(!store.tips_unread());
+}

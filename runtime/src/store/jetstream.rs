@@ -32,6 +32,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +87,29 @@ fn commit_id() -> Option<String> {
         .ok()
 }
 
+/// What a store following commits must learn from its NATS client's event
+/// callback: messages a subscription dropped because its reader fell
+/// behind (`SlowConsumer`). Core NATS does not send them again, so a
+/// republished commit among them would never wake its readers.
+#[derive(Debug, Default)]
+pub struct ClientEvents {
+    slow_consumer_drops: AtomicU64,
+}
+
+impl ClientEvents {
+    /// Records one event the client reported.
+    pub fn record(&self, event: &async_nats::Event) {
+        if let async_nats::Event::SlowConsumer(_) = event {
+            self.slow_consumer_drops.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many times a subscription of the client dropped messages.
+    pub fn slow_consumer_drops(&self) -> u64 {
+        self.slow_consumer_drops.load(Ordering::Relaxed)
+    }
+}
+
 /// A call's record as of the thread's event `seq`.
 #[derive(Debug, Serialize, Deserialize)]
 struct CallCopy {
@@ -104,6 +128,9 @@ pub struct JetStreamStore {
     stream: stream::Stream,
     toolsets: kv::Store,
     tips: Arc<Tips>,
+    /// Set when reading a watched thread's tip failed: every watched tip
+    /// is read again within [`CATCH_UP_CHECK`].
+    tips_unread: Arc<AtomicBool>,
     /// Per thread, commits already seen: event sequence → stream sequence
     /// of the commit ending there. Lets readers start mid-log.
     positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
@@ -129,9 +156,10 @@ impl JetStreamStore {
     /// follows every process's commits so that local watchers (long-polls,
     /// streams) wake for them: what a runtime node needs and a worker, which
     /// serves no reader, must not pay for (every commit would reach every
-    /// worker).
+    /// worker). `events` are those of `client`'s event callback.
     pub async fn connect(
         client: async_nats::Client,
+        events: Arc<ClientEvents>,
         replicas: usize,
         follow: bool,
     ) -> Result<Arc<Self>, Error> {
@@ -192,16 +220,24 @@ impl JetStreamStore {
             stream,
             toolsets,
             tips: Arc::default(),
+            tips_unread: Arc::default(),
             positions: Mutex::default(),
             loaded: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
             leader_reads,
         });
         if follow {
-            store.follow_commits(client).await?;
+            store.follow_commits(client, events).await?;
         }
         store.follow_toolsets().await?;
         Ok(store)
+    }
+
+    /// Whether a read of a watched thread's tip failed and waits to be
+    /// tried again (within [`CATCH_UP_CHECK`]): what a health report, or
+    /// a test, may look at.
+    pub fn tips_unread(&self) -> bool {
+        self.tips_unread.load(Ordering::Relaxed)
     }
 
     /// Bumped whenever any process changes a toolset: the engine reloads
@@ -210,8 +246,12 @@ impl JetStreamStore {
         self.toolsets_changed.subscribe()
     }
 
-    async fn follow_commits(self: &Arc<Self>, client: async_nats::Client) -> Result<(), Error> {
-        self.catch_up_after_reconnects(&client);
+    async fn follow_commits(
+        self: &Arc<Self>,
+        client: async_nats::Client,
+        events: Arc<ClientEvents>,
+    ) -> Result<(), Error> {
+        self.catch_up_when_missed(&client, events);
         // The stream's republish of what it stored: a commit that lost its
         // compare-and-set (or was never stored) must not move a reader.
         let mut commits = client
@@ -237,40 +277,53 @@ impl JetStreamStore {
     }
 
     /// Core NATS delivers the republished commits at most once: those
-    /// published while this client was reconnecting never arrive, and a
-    /// stream waiting on its thread's tip would wait for the thread's next
-    /// commit. After each reconnect (seen within [`RECONNECT_CHECK`]),
-    /// every watched thread's tip is read again from the stream; the
-    /// reads go out after the client has subscribed again.
-    fn catch_up_after_reconnects(self: &Arc<Self>, client: &async_nats::Client) {
+    /// published while this client was reconnecting never arrive, nor do
+    /// those a slow subscription dropped, and a stream waiting on its
+    /// thread's tip would wait for the thread's next commit. After each
+    /// reconnect or drop, and after a read of a watched tip failed (all
+    /// seen within [`CATCH_UP_CHECK`]), every watched thread's tip is read
+    /// again from the stream; the reads go out after the client has
+    /// subscribed again. A read that fails stops the round (NATS is likely
+    /// gone again), and the next check starts it over.
+    fn catch_up_when_missed(
+        self: &Arc<Self>,
+        client: &async_nats::Client,
+        events: Arc<ClientEvents>,
+    ) {
         let statistics = client.statistics();
-        let connects = move || {
-            statistics
-                .connects
-                .load(std::sync::atomic::Ordering::Relaxed)
+        let missed = move || {
+            (
+                statistics.connects.load(Ordering::Relaxed),
+                events.slow_consumer_drops(),
+            )
         };
         let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
+        let unread = self.tips_unread.clone();
         tokio::spawn(async move {
-            let mut seen = connects();
-            let mut every = tokio::time::interval(RECONNECT_CHECK);
+            let mut seen = missed();
+            let mut every = tokio::time::interval(CATCH_UP_CHECK);
             loop {
                 every.tick().await;
                 let Some(watched) = tips.upgrade() else {
                     return;
                 };
-                if connects() == seen {
+                let now = missed();
+                if now == seen && !unread.swap(false, Ordering::Relaxed) {
                     continue;
                 }
-                seen = connects();
+                seen = now;
                 let groups: Vec<String> =
                     watched.lock().expect("tips lock").keys().cloned().collect();
                 drop(watched);
                 debug!(
                     threads = groups.len(),
-                    "reconnected to NATS; reading watched tips again"
+                    "NATS may have missed commits; reading watched tips again"
                 );
                 for group_id in groups {
-                    catch_up(&stream, &tips, group_id).await;
+                    if !catch_up(&stream, &tips, group_id).await {
+                        unread.store(true, Ordering::Relaxed);
+                        break;
+                    }
                 }
             }
         });
@@ -448,18 +501,26 @@ fn is_not_found(e: &stream::DirectGetError) -> bool {
     matches!(e.kind(), stream::DirectGetErrorKind::NotFound)
 }
 
-/// How often a node looks whether its NATS client reconnected.
-const RECONNECT_CHECK: Duration = Duration::from_secs(1);
+/// How often a node looks whether its NATS client reconnected, dropped
+/// messages, or failed to read a watched tip.
+const CATCH_UP_CHECK: Duration = Duration::from_secs(1);
 
 type Tips = Mutex<HashMap<String, watch::Sender<u64>>>;
 
 /// Moves the thread's tip to its last commit as the stream holds it now.
-async fn catch_up(stream: &stream::Stream, tips: &std::sync::Weak<Tips>, group_id: String) {
-    let Ok(message) = stream
+/// False if the stream could not be read (a thread without commits is
+/// read: its tip stays 0).
+async fn catch_up(stream: &stream::Stream, tips: &std::sync::Weak<Tips>, group_id: String) -> bool {
+    let message = match stream
         .direct_get_last_for_subject(subjects::log(&group_id))
         .await
-    else {
-        return;
+    {
+        Ok(message) => message,
+        Err(e) if is_not_found(&e) => return true,
+        Err(e) => {
+            debug!(group_id, error = %e, "reading a watched tip failed");
+            return false;
+        }
     };
     let seq = message
         .headers
@@ -468,6 +529,7 @@ async fn catch_up(stream: &stream::Stream, tips: &std::sync::Weak<Tips>, group_i
     if let (Some(seq), Some(tips)) = (seq, tips.upgrade()) {
         advance(&tips, &group_id, seq);
     }
+    true
 }
 
 fn advance(tips: &Tips, group_id: &str, seq: u64) {
@@ -591,8 +653,12 @@ impl Store for JetStreamStore {
         };
         // The tip as stored now; commits after it arrive by subscription.
         let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
-        let thread = group_id.to_owned();
-        tokio::spawn(async move { catch_up(&stream, &tips, thread).await });
+        let (thread, unread) = (group_id.to_owned(), self.tips_unread.clone());
+        tokio::spawn(async move {
+            if !catch_up(&stream, &tips, thread).await {
+                unread.store(true, Ordering::Relaxed);
+            }
+        });
         Watch::of_tip(receiver, &self.tips, group_id, |t| t.receiver_count() == 0)
     }
 
