@@ -139,8 +139,9 @@ pub struct JetStreamStore {
     /// stream sequence, its calls) and need not fetch it again.
     loaded: Mutex<HashMap<String, Arc<Last>>>,
     toolsets_changed: watch::Sender<u64>,
-    /// Commands read through the stream's leader ([`JetStreamStore::last_on`]).
-    leader_reads: bool,
+    /// Reads of a subject's last message, as commands and watchers need
+    /// them.
+    last: LastReads,
 }
 
 /// Attempts at writing a call's copy against copies racing it, before the
@@ -201,7 +202,10 @@ impl JetStreamStore {
             .map_err(backend)?;
             stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
         }
-        let leader_reads = stream.cached_info().config.num_replicas > 1;
+        let last = LastReads {
+            stream: stream.clone(),
+            from_leader: stream.cached_info().config.num_replicas > 1,
+        };
         let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
             Ok(kv) => kv,
             Err(_) => js
@@ -224,7 +228,7 @@ impl JetStreamStore {
             positions: Mutex::default(),
             loaded: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
-            leader_reads,
+            last,
         });
         if follow {
             store.follow_commits(client, events).await?;
@@ -297,7 +301,7 @@ impl JetStreamStore {
                 events.slow_consumer_drops(),
             )
         };
-        let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
+        let (last, tips) = (self.last.clone(), Arc::downgrade(&self.tips));
         let unread = self.tips_unread.clone();
         tokio::spawn(async move {
             let mut seen = missed();
@@ -320,7 +324,7 @@ impl JetStreamStore {
                     "NATS may have missed commits; reading watched tips again"
                 );
                 for group_id in groups {
-                    if !catch_up(&stream, &tips, group_id).await {
+                    if !catch_up(&last, &tips, group_id).await {
                         unread.store(true, Ordering::Relaxed);
                         break;
                     }
@@ -343,29 +347,8 @@ impl JetStreamStore {
         Ok(())
     }
 
-    /// The last message on `subject`, what commands are decided against.
-    /// With replicas it comes from the stream's leader: a direct get may be
-    /// answered by a follower that has not yet applied an acknowledged
-    /// commit, and a refusal decided on it (an unknown call, say) would be
-    /// final. One replica answers both ways alike, and direct gets are
-    /// cheaper.
-    async fn last_on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
-        if self.leader_reads {
-            return match self.stream.get_last_raw_message_by_subject(&subject).await {
-                Ok(message) => Ok(Some(message)),
-                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
-                Err(e) => Err(backend(e)),
-            };
-        }
-        match self.stream.direct_get_last_for_subject(subject).await {
-            Ok(message) => Ok(Some(message)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(backend(e)),
-        }
-    }
-
     async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
-        let Some(message) = self.last_on(subjects::log(group_id)).await? else {
+        let Some(message) = self.last.on(subjects::log(group_id)).await? else {
             return Ok(None);
         };
         let commit: Commit = codec::decode(&message.payload)?;
@@ -391,7 +374,7 @@ impl JetStreamStore {
 
     /// The copied record of a call and the stream sequence of the copy.
     async fn copy(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
-        match self.last_on(subjects::call(group_id, id)).await? {
+        match self.last.on(subjects::call(group_id, id)).await? {
             Some(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
             None => Ok(None),
         }
@@ -497,6 +480,36 @@ impl JetStreamStore {
     }
 }
 
+/// Reads of the last message on a subject.
+#[derive(Clone)]
+struct LastReads {
+    stream: stream::Stream,
+    /// With replicas, reads go to the stream's leader: a direct get may be
+    /// answered by a follower that has not yet applied an acknowledged
+    /// commit, and a refusal decided on it (an unknown call, say) would be
+    /// final, as would a watcher's tip read short of a commit whose
+    /// republish it missed. One replica answers both ways alike, and
+    /// direct gets are cheaper.
+    from_leader: bool,
+}
+
+impl LastReads {
+    async fn on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+        if self.from_leader {
+            return match self.stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(backend(e)),
+            };
+        }
+        match self.stream.direct_get_last_for_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
 fn is_not_found(e: &stream::DirectGetError) -> bool {
     matches!(e.kind(), stream::DirectGetErrorKind::NotFound)
 }
@@ -510,13 +523,10 @@ type Tips = Mutex<HashMap<String, watch::Sender<u64>>>;
 /// Moves the thread's tip to its last commit as the stream holds it now.
 /// False if the stream could not be read (a thread without commits is
 /// read: its tip stays 0).
-async fn catch_up(stream: &stream::Stream, tips: &std::sync::Weak<Tips>, group_id: String) -> bool {
-    let message = match stream
-        .direct_get_last_for_subject(subjects::log(&group_id))
-        .await
-    {
-        Ok(message) => message,
-        Err(e) if is_not_found(&e) => return true,
+async fn catch_up(last: &LastReads, tips: &std::sync::Weak<Tips>, group_id: String) -> bool {
+    let message = match last.on(subjects::log(&group_id)).await {
+        Ok(Some(message)) => message,
+        Ok(None) => return true,
         Err(e) => {
             debug!(group_id, error = %e, "reading a watched tip failed");
             return false;
@@ -652,10 +662,10 @@ impl Store for JetStreamStore {
                 .subscribe()
         };
         // The tip as stored now; commits after it arrive by subscription.
-        let (stream, tips) = (self.stream.clone(), Arc::downgrade(&self.tips));
+        let (last, tips) = (self.last.clone(), Arc::downgrade(&self.tips));
         let (thread, unread) = (group_id.to_owned(), self.tips_unread.clone());
         tokio::spawn(async move {
-            if !catch_up(&stream, &tips, thread).await {
+            if !catch_up(&last, &tips, thread).await {
                 unread.store(true, Ordering::Relaxed);
             }
         });
