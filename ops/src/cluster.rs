@@ -83,9 +83,9 @@ async fn connect(
             .name("ferry")
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(2))
+            // The client logs each event itself.
             .event_callback(move |event| {
                 seen.record(&event);
-                log_nats_event(&event);
                 std::future::ready(())
             });
         if !wait {
@@ -99,19 +99,6 @@ async fn connect(
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
-    }
-}
-
-/// What the NATS client tells of its connection, in the node's log.
-fn log_nats_event(event: &async_nats::Event) {
-    use async_nats::Event;
-    match event {
-        Event::Connected => info!("connected to NATS"),
-        Event::Disconnected => warn!("disconnected from NATS; reconnecting"),
-        Event::SlowConsumer(_) => {
-            warn!("a NATS subscription fell behind and dropped messages")
-        }
-        other => info!(event = %other, "NATS client event"),
     }
 }
 

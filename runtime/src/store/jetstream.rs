@@ -30,9 +30,9 @@
 //! against JetStream's 10 s ack deadline.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ use ferry_proto::api::Event;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::log::Commit;
 use super::{codec, Error, Store, Watch, Write};
@@ -128,9 +128,10 @@ pub struct JetStreamStore {
     stream: stream::Stream,
     toolsets: kv::Store,
     tips: Arc<Tips>,
-    /// Set when reading a watched thread's tip failed: every watched tip
-    /// is read again within [`CATCH_UP_CHECK`].
-    tips_unread: Arc<AtomicBool>,
+    /// Watched threads whose tip must be read again from the stream (a
+    /// read failed, or the republish may have been missed): read within
+    /// [`CATCH_UP_CHECK`].
+    tips_unread: Arc<Unread>,
     /// Per thread, commits already seen: event sequence → stream sequence
     /// of the commit ending there. Lets readers start mid-log.
     positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
@@ -241,7 +242,7 @@ impl JetStreamStore {
     /// tried again (within [`CATCH_UP_CHECK`]): what a health report, or
     /// a test, may look at.
     pub fn tips_unread(&self) -> bool {
-        self.tips_unread.load(Ordering::Relaxed)
+        !self.tips_unread.lock().expect("unread lock").is_empty()
     }
 
     /// Bumped whenever any process changes a toolset: the engine reloads
@@ -284,11 +285,12 @@ impl JetStreamStore {
     /// published while this client was reconnecting never arrive, nor do
     /// those a slow subscription dropped, and a stream waiting on its
     /// thread's tip would wait for the thread's next commit. After each
-    /// reconnect or drop, and after a read of a watched tip failed (all
-    /// seen within [`CATCH_UP_CHECK`]), every watched thread's tip is read
-    /// again from the stream; the reads go out after the client has
-    /// subscribed again. A read that fails stops the round (NATS is likely
-    /// gone again), and the next check starts it over.
+    /// reconnect or drop, every watched thread's tip is read again from
+    /// the stream (from its leader when replicated: a follower may not
+    /// have the missed commit yet), as is a tip whose read failed; all
+    /// within [`CATCH_UP_CHECK`], after the client has subscribed again.
+    /// Reads that fail stay to be read: a few failures in a row end the
+    /// round (NATS is likely gone again) until the next check.
     fn catch_up_when_missed(
         self: &Arc<Self>,
         client: &async_nats::Client,
@@ -306,28 +308,33 @@ impl JetStreamStore {
         tokio::spawn(async move {
             let mut seen = missed();
             let mut every = tokio::time::interval(CATCH_UP_CHECK);
+            // A round longer than the period is not followed by another
+            // at once.
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
                 let Some(watched) = tips.upgrade() else {
                     return;
                 };
                 let now = missed();
-                if now == seen && !unread.swap(false, Ordering::Relaxed) {
-                    continue;
-                }
-                seen = now;
-                let groups: Vec<String> =
-                    watched.lock().expect("tips lock").keys().cloned().collect();
-                drop(watched);
-                debug!(
-                    threads = groups.len(),
-                    "NATS may have missed commits; reading watched tips again"
-                );
-                for group_id in groups {
-                    if !catch_up(&last, &tips, group_id).await {
-                        unread.store(true, Ordering::Relaxed);
-                        break;
+                if now != seen {
+                    if now.1 != seen.1 {
+                        warn!(
+                            drops = now.1 - seen.1,
+                            "a NATS subscription fell behind and dropped messages; reading watched tips again"
+                        );
                     }
+                    seen = now;
+                    let all: Vec<String> =
+                        watched.lock().expect("tips lock").keys().cloned().collect();
+                    unread.lock().expect("unread lock").extend(all);
+                }
+                let pending = std::mem::take(&mut *unread.lock().expect("unread lock"));
+                drop(watched);
+                if !pending.is_empty() {
+                    debug!(threads = pending.len(), "reading watched tips again");
+                    let left = read_tips(&last, &tips, pending).await;
+                    unread.lock().expect("unread lock").extend(left);
                 }
             }
         });
@@ -494,6 +501,7 @@ struct LastReads {
 }
 
 impl LastReads {
+    /// As up to date as the stream's leader.
     async fn on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
         if self.from_leader {
             return match self.stream.get_last_raw_message_by_subject(&subject).await {
@@ -502,6 +510,11 @@ impl LastReads {
                 Err(e) => Err(backend(e)),
             };
         }
+        self.direct(subject).await
+    }
+
+    /// From any replica.
+    async fn direct(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
         match self.stream.direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(e) if is_not_found(&e) => Ok(None),
@@ -518,13 +531,53 @@ fn is_not_found(e: &stream::DirectGetError) -> bool {
 /// messages, or failed to read a watched tip.
 const CATCH_UP_CHECK: Duration = Duration::from_secs(1);
 
-type Tips = Mutex<HashMap<String, watch::Sender<u64>>>;
+/// Failed reads in a row that end a round of [`read_tips`].
+const FAILURES_IN_A_ROW: usize = 3;
 
-/// Moves the thread's tip to its last commit as the stream holds it now.
-/// False if the stream could not be read (a thread without commits is
-/// read: its tip stays 0).
-async fn catch_up(last: &LastReads, tips: &std::sync::Weak<Tips>, group_id: String) -> bool {
-    let message = match last.on(subjects::log(&group_id)).await {
+type Tips = Mutex<HashMap<String, watch::Sender<u64>>>;
+type Unread = Mutex<HashSet<String>>;
+
+/// Reads the tips of `threads` that are still watched; returns those left
+/// unread.
+async fn read_tips(
+    last: &LastReads,
+    tips: &std::sync::Weak<Tips>,
+    threads: HashSet<String>,
+) -> Vec<String> {
+    let mut threads = threads.into_iter();
+    let mut failures = 0;
+    let mut left = vec![];
+    for group_id in threads.by_ref() {
+        let Some(watched) = tips.upgrade() else {
+            return vec![];
+        };
+        if !watched.lock().expect("tips lock").contains_key(&group_id) {
+            continue;
+        }
+        drop(watched);
+        if catch_up(last.on(subjects::log(&group_id)), tips, &group_id).await {
+            failures = 0;
+            continue;
+        }
+        left.push(group_id);
+        failures += 1;
+        if failures == FAILURES_IN_A_ROW {
+            break;
+        }
+    }
+    left.extend(threads);
+    left
+}
+
+/// Moves the thread's tip to its last commit as `read` finds it. False if
+/// the stream could not be read (a thread without commits is read: its
+/// tip stays 0).
+async fn catch_up(
+    read: impl Future<Output = Result<Option<StreamMessage>, Error>>,
+    tips: &std::sync::Weak<Tips>,
+    group_id: &str,
+) -> bool {
+    let message = match read.await {
         Ok(Some(message)) => message,
         Ok(None) => return true,
         Err(e) => {
@@ -537,7 +590,7 @@ async fn catch_up(last: &LastReads, tips: &std::sync::Weak<Tips>, group_id: Stri
         .get(LAST_SEQ_HEADER)
         .and_then(|v| v.as_str().parse::<u64>().ok());
     if let (Some(seq), Some(tips)) = (seq, tips.upgrade()) {
-        advance(&tips, &group_id, seq);
+        advance(&tips, group_id, seq);
     }
     true
 }
@@ -662,11 +715,13 @@ impl Store for JetStreamStore {
                 .subscribe()
         };
         // The tip as stored now; commits after it arrive by subscription.
+        // A direct get, which any replica answers: one per long poll or
+        // stream, and a reader reads the log itself before it waits.
         let (last, tips) = (self.last.clone(), Arc::downgrade(&self.tips));
         let (thread, unread) = (group_id.to_owned(), self.tips_unread.clone());
         tokio::spawn(async move {
-            if !catch_up(&last, &tips, thread).await {
-                unread.store(true, Ordering::Relaxed);
+            if !catch_up(last.direct(subjects::log(&thread)), &tips, &thread).await {
+                unread.lock().expect("unread lock").insert(thread);
             }
         });
         Watch::of_tip(receiver, &self.tips, group_id, |t| t.receiver_count() == 0)
