@@ -2028,3 +2028,136 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
     }
     assert!(!store.tips_unread());
 }
+
+/// Workers pull at their `--priority`: while the worker at 0 has room, it
+/// takes every call and the one at 1, pulling all the same, none; once
+/// the first is gone, the second takes the calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_takes_work_only_when_those_before_it_cannot() {
+    let c = Cluster::start(0).await;
+    let listen = || {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("127.0.0.1:{port}")
+    };
+    let (first_at, second_at) = (listen(), listen());
+    let url = c.nats.url();
+    let first_args = ["--priority", "0", "--metrics-listen", first_at.as_str()];
+    let mut first = FerryWorker::start_with(&url, &c.a.url, &first_args).await;
+    let second_args = ["--priority", "1", "--metrics-listen", second_at.as_str()];
+    let _second = FerryWorker::start_with(&url, &c.a.url, &second_args).await;
+    // Both pull from both consumers: two pull requests wait on each.
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    eventually("both workers to pull", Duration::from_secs(20), || async {
+        let mut waiting = vec![];
+        for stream in ["FERRY_INBOX", "FERRY_WORK"] {
+            let stream = js.get_stream(stream).await.ok()?;
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                stream.get_consumer("workers").await.ok()?;
+            waiting.push(consumer.info().await.ok()?.num_waiting);
+        }
+        waiting.iter().all(|n| *n >= 2).then_some(())
+    })
+    .await;
+    let dispatched = |at: String| async move {
+        let metrics = reqwest::get(format!("http://{at}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = r#"ferry_dispatch_outcomes_total{outcome="acknowledged"} "#;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let a = c.a.api();
+    for n in 0..10 {
+        c.dispatched(&a, &format!("g{}", n % 3), &format!("c{n}"))
+            .await;
+    }
+    assert_eq!(
+        (
+            dispatched(first_at.clone()).await,
+            dispatched(second_at.clone()).await
+        ),
+        (10, 0),
+        "calls dispatched by the worker at priority 0 and the one at 1"
+    );
+    first.kill9();
+    for n in 10..15 {
+        c.dispatched(&a, &format!("g{}", n % 3), &format!("c{n}"))
+            .await;
+    }
+    assert_eq!(dispatched(second_at).await, 5);
+}
+
+/// The work-queue consumers an older Ferry made, without the priority
+/// group, gain it when a worker binds them; a `--priority` NATS cannot
+/// take is refused before the worker starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn consumers_an_older_ferry_made_gain_the_priority_group() {
+    use async_nats::jetstream::consumer::{pull, AckPolicy, PriorityPolicy};
+
+    let c = Cluster::start(0).await;
+    let js = async_nats::jetstream::new(async_nats::connect(c.nats.url()).await.unwrap());
+    // As the eighth session's Ferry made them (the streams exist: node A
+    // made them).
+    for stream in ["FERRY_INBOX", "FERRY_WORK"] {
+        js.get_stream(stream)
+            .await
+            .unwrap()
+            .create_consumer(pull::Config {
+                durable_name: Some("workers".into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(10),
+                max_ack_pending: 10_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let _worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--priority", "3"]).await;
+    for stream in ["FERRY_INBOX", "FERRY_WORK"] {
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+            .get_stream(stream)
+            .await
+            .unwrap()
+            .get_consumer("workers")
+            .await
+            .unwrap();
+        let config = consumer.info().await.unwrap().config.clone();
+        assert_eq!(
+            (config.priority_policy, config.priority_groups),
+            (PriorityPolicy::Prioritized, vec!["workers".to_owned()]),
+            "{stream}"
+        );
+        assert_eq!(config.ack_wait, Duration::from_secs(10), "{stream}");
+    }
+    // And work flows through it.
+    c.dispatched(&c.a.api(), "g", "c1").await;
+
+    let refused = ferry_tests::ferry::cli(
+        &c.a.url,
+        &[
+            "worker",
+            "--nats",
+            &c.nats.url(),
+            "--public-url",
+            &c.a.url,
+            "--priority",
+            "10",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--priority"), "{stderr}");
+    assert!(stderr.contains("0..=9"), "{stderr}");
+}

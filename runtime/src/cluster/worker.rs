@@ -22,14 +22,20 @@ use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
-/// Applies relayed requests, forever (through NATS outages).
-pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
-    let consumer = bound(&client, INBOX_STREAM).await;
+/// Applies relayed requests, forever (through NATS outages), pulling at
+/// `priority` ([`streams::PRIORITY_GROUP`]).
+pub async fn apply_requests(
+    engine: Arc<Engine>,
+    client: async_nats::Client,
+    concurrency: usize,
+    priority: u8,
+) {
+    let consumer = bound(&client, INBOX_STREAM, priority).await;
     let apply_one = move |message| {
         let (engine, client) = (engine.clone(), client.clone());
         async move { apply(&engine, &client, message).await }
     };
-    consume(&consumer, "requests", concurrency, apply_one).await
+    consume(consumer, "requests", concurrency, apply_one).await
 }
 
 /// Dispatch work a worker keeps in hand per attempt it may have in flight.
@@ -41,8 +47,14 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_flight: usize) {
-    let consumer = bound(&client, WORK_STREAM).await;
+/// It pulls at `priority`, as [`apply_requests`] does.
+pub async fn dispatch_work(
+    worker: Worker,
+    client: async_nats::Client,
+    max_in_flight: usize,
+    priority: u8,
+) {
+    let consumer = bound(&client, WORK_STREAM, priority).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
@@ -50,12 +62,12 @@ pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_fl
     let in_hand = max_in_flight
         .saturating_mul(IN_HAND_PER_ATTEMPT)
         .min(MAX_ACK_PENDING / 4);
-    consume(&consumer, "work", in_hand, carry_out_one).await
+    consume(consumer, "work", in_hand, carry_out_one).await
 }
 
 /// Pulls messages forever (pulling again after an outage), each handled on
 /// its own task, at most `concurrency` at once.
-async fn consume<F, Fut>(consumer: &PullConsumer, what: &str, concurrency: usize, handle: F)
+async fn consume<F, Fut>(consumer: Bound, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -88,12 +100,37 @@ where
     }
 }
 
+/// The shared consumer of a stream, and the priority this worker pulls at.
+struct Bound {
+    consumer: PullConsumer,
+    priority: u8,
+}
+
+impl Bound {
+    /// A pull that lasts until it fails: in the consumer's priority group
+    /// if it has one.
+    async fn messages(
+        &self,
+    ) -> Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError> {
+        if streams::takes_priorities(&self.consumer) {
+            self.consumer
+                .stream()
+                .group(streams::PRIORITY_GROUP)
+                .priority(usize::from(self.priority))
+                .messages()
+                .await
+        } else {
+            self.consumer.messages().await
+        }
+    }
+}
+
 /// The shared consumer of `stream`, waiting out a NATS outage.
-async fn bound(client: &async_nats::Client, stream: &str) -> PullConsumer {
+async fn bound(client: &async_nats::Client, stream: &str, priority: u8) -> Bound {
     let js = jetstream::new(client.clone());
     loop {
         match streams::consumer(&js, stream).await {
-            Ok(consumer) => return consumer,
+            Ok(consumer) => return Bound { consumer, priority },
             Err(e) => {
                 warn!(stream, error = %e, "binding the consumer failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
