@@ -80,7 +80,8 @@ pub async fn consumer(
         .await
     {
         Ok(bound) => bound,
-        Err(e) => {
+        // Refused by JetStream itself (not a timeout or an outage).
+        Err(e) if matches!(e.kind(), stream::ConsumerErrorKind::JetStream(_)) => {
             tracing::warn!(error = %e, "NATS refused a consumer with priorities; workers share work without them");
             let plain = consumer::pull::Config {
                 priority_policy: consumer::PriorityPolicy::None,
@@ -92,6 +93,7 @@ pub async fn consumer(
                 .await
                 .map_err(nats);
         }
+        Err(e) => return Err(nats(e)),
     };
     if !takes_priorities(&bound) {
         match stream.update_consumer(config).await {

@@ -67,7 +67,7 @@ pub async fn dispatch_work(
 
 /// Pulls messages forever (pulling again after an outage), each handled on
 /// its own task, at most `concurrency` at once.
-async fn consume<F, Fut>(consumer: Bound, what: &str, concurrency: usize, handle: F)
+async fn consume<F, Fut>(mut consumer: Bound, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -79,6 +79,7 @@ where
             Err(e) => {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                consumer.refresh().await;
                 continue;
             }
         };
@@ -87,6 +88,7 @@ where
                 Ok(message) => message,
                 Err(e) => {
                     warn!(what, error = %e, "pulling failed");
+                    consumer.refresh().await;
                     break;
                 }
             };
@@ -121,6 +123,16 @@ impl Bound {
                 .await
         } else {
             self.consumer.messages().await
+        }
+    }
+
+    /// Reads the consumer's configuration again after a failed pull: a
+    /// worker started on a NATS older than 2.12, which pulls without a
+    /// group, must pull in it once NATS is newer and another worker gave
+    /// the consumer its priority group (NATS then refuses pulls without).
+    async fn refresh(&mut self) {
+        if let Err(e) = self.consumer.info().await {
+            warn!(error = %e, "reading the consumer again failed");
         }
     }
 }
