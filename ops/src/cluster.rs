@@ -59,10 +59,6 @@ pub struct WorkerOptions {
     pub dispatch: DispatchConfig,
     /// Relayed requests being applied at once.
     pub concurrency: usize,
-    /// The priority it pulls work at: 0 first, up to
-    /// [`streams::MAX_PRIORITY`]; a worker gets work only while no worker
-    /// with a lower number waits for some.
-    pub priority: u8,
 }
 
 /// Connects to NATS; afterwards the client reconnects on its own, forever.
@@ -408,18 +404,8 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     info!("ferry worker consuming");
     println!("ferry worker ready");
     tokio::join!(
-        worker::apply_requests(
-            engine,
-            client.clone(),
-            options.concurrency,
-            options.priority
-        ),
-        worker::dispatch_work(
-            dispatcher,
-            client,
-            options.dispatch.max_in_flight,
-            options.priority
-        ),
+        worker::apply_requests(engine, client.clone(), options.concurrency),
+        worker::dispatch_work(dispatcher, client, options.dispatch.max_in_flight),
     );
     Ok(())
 }

@@ -305,14 +305,6 @@ struct WorkerArgs {
     /// bounded by --max-in-flight).
     #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
     concurrency: usize,
-    /// Which workers take work first: a worker gets work only while every
-    /// worker with a lower number is busy (its pull full) or gone; workers
-    /// of one number share it in turn. Give workers that share a machine
-    /// distinct numbers, so that they do not split a load one of them can
-    /// carry; leave workers on machines of their own at 0.
-    #[arg(long, default_value_t = 0, env = "FERRY_PRIORITY",
-          value_parser = clap::value_parser!(u8).range(0..=i64::from(ferry_runtime::cluster::streams::MAX_PRIORITY)))]
-    priority: u8,
     /// Address to serve `/metrics` and `/healthz` on (a worker has no API;
     /// its dispatch metrics live in its process). None when not given.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
@@ -350,7 +342,6 @@ async fn main() -> anyhow::Result<()> {
                 dispatch: args.dispatch.config()?,
                 cluster: args.cluster.options(),
                 concurrency: args.concurrency,
-                priority: args.priority,
             })
             .await
         }

@@ -167,16 +167,11 @@ pub async fn deploy(
         tasks.push(server);
         data.push(dir);
     }
-    for i in 0..workers {
+    for _ in 0..workers {
         let options = WorkerOptions {
             cluster: cluster(Some(bases[0].clone())),
             dispatch: ferry_worker::DispatchConfig::default(),
             concurrency: 256,
-            // They share two cores: each takes work only when the ones
-            // before it are full, as `--priority` advises.
-            priority: u8::try_from(i)
-                .unwrap_or(u8::MAX)
-                .min(ferry_runtime::cluster::streams::MAX_PRIORITY),
         };
         tasks.push(tokio::spawn(run_worker(options)));
     }

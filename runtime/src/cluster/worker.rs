@@ -22,20 +22,14 @@ use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
-/// Applies relayed requests, forever (through NATS outages), pulling at
-/// `priority` ([`streams::PRIORITY_GROUP`]).
-pub async fn apply_requests(
-    engine: Arc<Engine>,
-    client: async_nats::Client,
-    concurrency: usize,
-    priority: u8,
-) {
-    let consumer = bound(&client, INBOX_STREAM, priority).await;
+/// Applies relayed requests, forever (through NATS outages).
+pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
+    let consumer = bound(&client, INBOX_STREAM).await;
     let apply_one = move |message| {
         let (engine, client) = (engine.clone(), client.clone());
         async move { apply(&engine, &client, message).await }
     };
-    consume(consumer, "requests", concurrency, apply_one).await
+    consume(&consumer, "requests", concurrency, apply_one).await
 }
 
 /// Dispatch work a worker keeps in hand per attempt it may have in flight.
@@ -47,14 +41,8 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It pulls at `priority`, as [`apply_requests`] does.
-pub async fn dispatch_work(
-    worker: Worker,
-    client: async_nats::Client,
-    max_in_flight: usize,
-    priority: u8,
-) {
-    let consumer = bound(&client, WORK_STREAM, priority).await;
+pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_flight: usize) {
+    let consumer = bound(&client, WORK_STREAM).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
@@ -62,12 +50,12 @@ pub async fn dispatch_work(
     let in_hand = max_in_flight
         .saturating_mul(IN_HAND_PER_ATTEMPT)
         .min(MAX_ACK_PENDING / 4);
-    consume(consumer, "work", in_hand, carry_out_one).await
+    consume(&consumer, "work", in_hand, carry_out_one).await
 }
 
 /// Pulls messages forever (pulling again after an outage), each handled on
 /// its own task, at most `concurrency` at once.
-async fn consume<F, Fut>(mut consumer: Bound, what: &str, concurrency: usize, handle: F)
+async fn consume<F, Fut>(consumer: &PullConsumer, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -79,7 +67,6 @@ where
             Err(e) => {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                consumer.refresh().await;
                 continue;
             }
         };
@@ -88,7 +75,6 @@ where
                 Ok(message) => message,
                 Err(e) => {
                     warn!(what, error = %e, "pulling failed");
-                    consumer.refresh().await;
                     break;
                 }
             };
@@ -102,47 +88,12 @@ where
     }
 }
 
-/// The shared consumer of a stream, and the priority this worker pulls at.
-struct Bound {
-    consumer: PullConsumer,
-    priority: u8,
-}
-
-impl Bound {
-    /// A pull that lasts until it fails: in the consumer's priority group
-    /// if it has one.
-    async fn messages(
-        &self,
-    ) -> Result<jetstream::consumer::pull::Stream, jetstream::consumer::StreamError> {
-        if streams::takes_priorities(&self.consumer) {
-            self.consumer
-                .stream()
-                .group(streams::PRIORITY_GROUP)
-                .priority(usize::from(self.priority))
-                .messages()
-                .await
-        } else {
-            self.consumer.messages().await
-        }
-    }
-
-    /// Reads the consumer's configuration again after a failed pull: a
-    /// worker started on a NATS older than 2.12, which pulls without a
-    /// group, must pull in it once NATS is newer and another worker gave
-    /// the consumer its priority group (NATS then refuses pulls without).
-    async fn refresh(&mut self) {
-        if let Err(e) = self.consumer.info().await {
-            warn!(error = %e, "reading the consumer again failed");
-        }
-    }
-}
-
 /// The shared consumer of `stream`, waiting out a NATS outage.
-async fn bound(client: &async_nats::Client, stream: &str, priority: u8) -> Bound {
+async fn bound(client: &async_nats::Client, stream: &str) -> PullConsumer {
     let js = jetstream::new(client.clone());
     loop {
         match streams::consumer(&js, stream).await {
-            Ok(consumer) => return Bound { consumer, priority },
+            Ok(consumer) => return consumer,
             Err(e) => {
                 warn!(stream, error = %e, "binding the consumer failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
