@@ -268,6 +268,25 @@ mod tests {
         pending.iter().map(|(_, e)| e.group_id.as_str()).collect()
     }
 
+    /// Opens an outbox just dropped in this process. sled's I/O threads
+    /// may still hold the directory's lock for a moment after the drop (a
+    /// restart is a new process, where this cannot happen): retry, for up
+    /// to 10 s. CI once failed the reopen at once.
+    async fn reopen(dir: &Path) -> Outbox {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Outbox::open(dir) {
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                other => return other.expect("reopening the outbox"),
+            }
+        }
+    }
+
     /// Entries `ready` refuses are passed over, not counted: the limit
     /// fills with the ones after them.
     #[tokio::test]
@@ -321,7 +340,7 @@ mod tests {
             outbox.db.flush().unwrap();
         }
         // Kept across a restart, out of the way.
-        let outbox = Outbox::open(dir.path()).unwrap();
+        let outbox = reopen(dir.path()).await;
         assert_eq!(
             groups(&outbox.pending(10, |_, _| true).unwrap()),
             ["a", "b"]
@@ -343,7 +362,7 @@ mod tests {
             .unwrap();
         outbox.db.flush().unwrap();
         drop(outbox);
-        let outbox = Outbox::open(dir.path()).unwrap();
+        let outbox = reopen(dir.path()).await;
         assert_eq!(
             groups(&outbox.pending(10, |_, _| true).unwrap()),
             ["a", "set aside", "b"]
@@ -372,7 +391,7 @@ mod tests {
                 .unwrap();
             outbox.flush().await.unwrap();
         }
-        let outbox = Outbox::open(dir.path()).unwrap();
+        let outbox = reopen(dir.path()).await;
         let kept: Vec<_> = outbox.claims().collect();
         assert_eq!(
             kept,
