@@ -268,23 +268,12 @@ mod tests {
         pending.iter().map(|(_, e)| e.group_id.as_str()).collect()
     }
 
-    /// Opens an outbox just dropped in this process. sled's I/O threads
-    /// may still hold the directory's lock for a moment after the drop (a
-    /// restart is a new process, where this cannot happen): retry, for up
-    /// to 10 s. CI once failed the reopen at once.
+    /// Opens an outbox just dropped in this process (see
+    /// [`crate::store::open_when_unlocked`]; CI once failed such a reopen).
     async fn reopen(dir: &Path) -> Outbox {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match Outbox::open(dir) {
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                other => return other.expect("reopening the outbox"),
-            }
-        }
+        crate::store::open_when_unlocked(|| Outbox::open(dir))
+            .await
+            .expect("reopening the outbox")
     }
 
     /// Entries `ready` refuses are passed over, not counted: the limit

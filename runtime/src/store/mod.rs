@@ -109,6 +109,28 @@ impl Drop for Watch {
     }
 }
 
+/// Opens (with `open`) a sled database just dropped in this process.
+/// sled's I/O threads may still hold the directory's lock for a moment
+/// after the drop (a restart is a new process, where this cannot happen),
+/// so retry while the lock is held, for up to 10 s.
+#[cfg(test)]
+pub(crate) async fn open_when_unlocked<T, E: std::fmt::Display>(
+    open: impl Fn() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match open() {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A batch of changes to one thread, written atomically.
 pub struct Write<'a> {
     /// The thread's `last_seq` the changes were decided against; the write

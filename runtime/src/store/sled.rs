@@ -801,18 +801,7 @@ mod tests {
     /// Opens the store once the previous handle's background threads let
     /// go of the directory's lock (up to 10 s).
     async fn open_when_unlocked(dir: &Path) -> Result<SledStore, Error> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            match SledStore::open(dir) {
-                Err(e)
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                other => return other,
-            }
-        }
+        crate::store::open_when_unlocked(|| SledStore::open(dir)).await
     }
 
     /// Thread `g` moved to `seq` with `calls` changed, as a command would
