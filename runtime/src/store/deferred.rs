@@ -101,12 +101,17 @@ impl Store for Deferred {
         if let Some(store) = self.inner.get() {
             return store.watch(group_id);
         }
-        let receiver = match &*self.still.lock().expect("still lock") {
-            Some(still) => still.subscribe(),
-            // The store arrived meanwhile: an ended watch, taken again.
-            None => watch::channel(0).1,
-        };
-        Watch::new(receiver, Box::new(|| {}))
+        let still = self.still.lock().expect("still lock");
+        match &*still {
+            Some(still) => Watch::new(still.subscribe(), Box::new(|| {})),
+            // The store arrived meanwhile (`set` fills `inner` first).
+            None => {
+                drop(still);
+                self.get()
+                    .expect("set before still is taken")
+                    .watch(group_id)
+            }
+        }
     }
 
     async fn thread(&self, group_id: &str) -> Result<Option<ThreadMeta>, Error> {

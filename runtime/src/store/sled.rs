@@ -793,15 +793,9 @@ mod tests {
     /// still hold the directory lock for a moment after the drop (a restart
     /// is a new process, where this cannot happen), so retry, bounded.
     async fn reopen(dir: &Path) -> SledStore {
-        open_when_unlocked(dir)
+        crate::store::open_when_unlocked(|| SledStore::open(dir))
             .await
             .unwrap_or_else(|e| panic!("reopening the store: {e}"))
-    }
-
-    /// Opens the store once the previous handle's background threads let
-    /// go of the directory's lock (up to 10 s).
-    async fn open_when_unlocked(dir: &Path) -> Result<SledStore, Error> {
-        crate::store::open_when_unlocked(|| SledStore::open(dir)).await
     }
 
     /// Thread `g` moved to `seq` with `calls` changed, as a command would
@@ -1425,7 +1419,7 @@ mod tests {
             db.open_tree("journal").unwrap();
             db.flush().unwrap();
         }
-        let message = open_when_unlocked(dir.path())
+        let message = crate::store::open_when_unlocked(|| SledStore::open(dir.path()))
             .await
             .err()
             .expect("refused")
