@@ -59,6 +59,12 @@ pub struct WorkerOptions {
     pub dispatch: DispatchConfig,
     /// Relayed requests being applied at once.
     pub concurrency: usize,
+    /// The priority it pulls work at, 0 first, up to
+    /// [`streams::MAX_PRIORITY`]; given, it also gives the consumers their
+    /// priority group. Without, it pulls at 0 when they have one.
+    pub priority: Option<u8>,
+    /// Takes the consumers' priority group away at start.
+    pub drop_priority_group: bool,
 }
 
 /// Connects to NATS; afterwards the client reconnects on its own, forever.
@@ -399,13 +405,19 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     // Bind the consumers before saying so: work published from now on is
     // taken even if this worker is the first.
     let js = async_nats::jetstream::new(client.clone());
-    streams::consumer(&js, streams::INBOX_STREAM).await?;
-    streams::consumer(&js, streams::WORK_STREAM).await?;
-    info!("ferry worker consuming");
+    let change = match (options.priority, options.drop_priority_group) {
+        (_, true) => streams::GroupChange::Remove,
+        (Some(_), false) => streams::GroupChange::Add,
+        (None, false) => streams::GroupChange::Keep,
+    };
+    streams::bind(&js, streams::INBOX_STREAM, change).await?;
+    streams::bind(&js, streams::WORK_STREAM, change).await?;
+    let priority = options.priority.unwrap_or(0);
+    info!(priority, "ferry worker consuming");
     println!("ferry worker ready");
     tokio::join!(
-        worker::apply_requests(engine, client.clone(), options.concurrency),
-        worker::dispatch_work(dispatcher, client, options.dispatch.max_in_flight),
+        worker::apply_requests(engine, client.clone(), options.concurrency, priority),
+        worker::dispatch_work(dispatcher, client, options.dispatch.max_in_flight, priority),
     );
     Ok(())
 }

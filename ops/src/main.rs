@@ -305,6 +305,22 @@ struct WorkerArgs {
     /// bounded by --max-in-flight).
     #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
     concurrency: usize,
+    /// Take work before workers with a higher number: a worker gets work
+    /// only while every worker with a lower number is full (no room for
+    /// more at once) or gone. Give workers that share a machine distinct
+    /// numbers, so that they do not split a load one of them can carry;
+    /// leave workers on machines of their own without. The first worker
+    /// started with it gives the shared consumers a priority group (NATS
+    /// 2.12 or later), after which only workers of this Ferry or later can
+    /// pull: see --drop-priority-group.
+    #[arg(long, env = "FERRY_PRIORITY", conflicts_with = "drop_priority_group",
+          value_parser = clap::value_parser!(u8).range(0..=i64::from(ferry_runtime::cluster::streams::MAX_PRIORITY)))]
+    priority: Option<u8>,
+    /// Take the priority group away from the shared consumers at start, so
+    /// that workers share the work in turn again and workers of a Ferry
+    /// older than --priority can pull (run it before rolling back).
+    #[arg(long, env = "FERRY_DROP_PRIORITY_GROUP")]
+    drop_priority_group: bool,
     /// Address to serve `/metrics` and `/healthz` on (a worker has no API;
     /// its dispatch metrics live in its process). None when not given.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
@@ -342,6 +358,8 @@ async fn main() -> anyhow::Result<()> {
                 dispatch: args.dispatch.config()?,
                 cluster: args.cluster.options(),
                 concurrency: args.concurrency,
+                priority: args.priority,
+                drop_priority_group: args.drop_priority_group,
             })
             .await
         }

@@ -167,11 +167,19 @@ pub async fn deploy(
         tasks.push(server);
         data.push(dir);
     }
-    for _ in 0..workers {
+    for i in 0..workers {
         let options = WorkerOptions {
             cluster: cluster(Some(bases[0].clone())),
             dispatch: ferry_worker::DispatchConfig::default(),
             concurrency: 256,
+            // They share two cores: each takes work only when the ones
+            // before it are full, as `--priority` advises.
+            priority: (workers > 1).then(|| {
+                u8::try_from(i)
+                    .unwrap_or(u8::MAX)
+                    .min(ferry_runtime::cluster::streams::MAX_PRIORITY)
+            }),
+            drop_priority_group: false,
         };
         tasks.push(tokio::spawn(run_worker(options)));
     }

@@ -5,6 +5,7 @@
 
 pub mod outbox;
 pub mod provisional;
+pub mod pull;
 pub mod relay;
 pub mod streams;
 pub mod subjects;

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::FromConsumer;
 use async_nats::jetstream::{self, consumer, stream};
 
 use super::subjects;
@@ -14,6 +15,14 @@ pub const INBOX_STREAM: &str = "FERRY_INBOX";
 pub const WORK_STREAM: &str = "FERRY_WORK";
 /// The durable consumer every worker pulls from.
 pub const CONSUMER: &str = "workers";
+/// The consumers' priority group, there only once a worker asked for it
+/// (`ferry worker --priority`): with it (nats-server 2.12's `prioritized`
+/// policy), a pull at a higher number gets messages only while no pull at
+/// a lower one waits. Workers pull in it when the consumer has it, and
+/// without it when not (NATS refuses the other way round).
+pub const PRIORITY_GROUP: &str = "workers";
+/// The highest priority number NATS takes.
+pub const MAX_PRIORITY: u8 = 9;
 /// How long a worker may hold a message without acking it or saying it is
 /// still at work (`+WPI`) before it is given to another worker.
 pub const ACK_WAIT: Duration = Duration::from_secs(10);
@@ -48,6 +57,68 @@ pub async fn ensure(js: &jetstream::Context, replicas: usize) -> Result<(), Erro
         .map_err(nats)?;
     }
     Ok(())
+}
+
+/// What a starting worker does to the consumers' [`PRIORITY_GROUP`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupChange {
+    /// Leaves the consumer as it is.
+    #[default]
+    Keep,
+    /// Gives the consumer the group (a worker asked for a priority).
+    Add,
+    /// Takes the group away, so that workers of a Ferry older than
+    /// priorities can pull again (they pull without a group).
+    Remove,
+}
+
+/// Whether workers pull from `consumer` in [`PRIORITY_GROUP`].
+pub fn has_priority_group(consumer: &consumer::PullConsumer) -> bool {
+    let config = &consumer.cached_info().config;
+    config.priority_policy == consumer::PriorityPolicy::Prioritized
+        && config.priority_groups.iter().any(|g| g == PRIORITY_GROUP)
+}
+
+/// The shared consumer of `stream`, with its priority group changed as
+/// `change` says. NATS older than 2.12 refuses the group (2.10 ignores
+/// it): the consumer is then used as it is, and workers share the work
+/// in turn, as they do without priorities.
+pub async fn bind(
+    js: &jetstream::Context,
+    stream: &str,
+    change: GroupChange,
+) -> Result<consumer::PullConsumer, Error> {
+    let bound = consumer(js, stream).await?;
+    let (policy, groups) = match change {
+        GroupChange::Keep => return Ok(bound),
+        GroupChange::Add if has_priority_group(&bound) => return Ok(bound),
+        GroupChange::Remove if !has_priority_group(&bound) => return Ok(bound),
+        GroupChange::Add => (
+            consumer::PriorityPolicy::Prioritized,
+            vec![PRIORITY_GROUP.to_string()],
+        ),
+        GroupChange::Remove => (consumer::PriorityPolicy::None, vec![]),
+    };
+    let current = bound.cached_info().config.clone();
+    let wanted = consumer::pull::Config {
+        priority_policy: policy,
+        priority_groups: groups,
+        ..consumer::pull::Config::try_from_consumer_config(current).map_err(nats)?
+    };
+    let stream = js.get_stream(stream).await.map_err(nats)?;
+    match stream.update_consumer(wanted).await {
+        Ok(updated) if change == GroupChange::Add && !has_priority_group(&updated) => {
+            tracing::warn!("NATS kept the consumer without a priority group (a server older than 2.12?); workers share the work in turn");
+            Ok(updated)
+        }
+        Ok(updated) => Ok(updated),
+        // Refused by JetStream itself, not lost on the way.
+        Err(e) if matches!(e.kind(), stream::ConsumerUpdateErrorKind::JetStream(_)) => {
+            tracing::warn!(error = %e, ?change, "NATS refused to change the consumer's priority group; it stays as it is");
+            Ok(bound)
+        }
+        Err(e) => Err(nats(e)),
+    }
 }
 
 /// The shared durable pull consumer of `stream`.

@@ -7,29 +7,34 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
 use ferry_worker::Worker;
-use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tracing::{info_span, warn, Instrument};
 
+use super::pull::{Pulled, Puller};
 use super::relay::{REPLY_HEADER, REQUEST_HEADER};
-use super::streams::{self, ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
+use super::streams::{ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
-/// Applies relayed requests, forever (through NATS outages).
-pub async fn apply_requests(engine: Arc<Engine>, client: async_nats::Client, concurrency: usize) {
-    let consumer = bound(&client, INBOX_STREAM).await;
+/// Applies relayed requests, forever (through NATS outages), pulling at
+/// `priority` where the consumer has a priority group.
+pub async fn apply_requests(
+    engine: Arc<Engine>,
+    client: async_nats::Client,
+    concurrency: usize,
+    priority: u8,
+) {
+    let puller = Puller::bind(client.clone(), INBOX_STREAM, priority).await;
     let apply_one = move |message| {
         let (engine, client) = (engine.clone(), client.clone());
         async move { apply(&engine, &client, message).await }
     };
-    consume(&consumer, "requests", concurrency, apply_one).await
+    consume(puller, "requests", concurrency, apply_one).await
 }
 
 /// Dispatch work a worker keeps in hand per attempt it may have in flight.
@@ -41,8 +46,14 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_flight: usize) {
-    let consumer = bound(&client, WORK_STREAM).await;
+/// It pulls at `priority`, as [`apply_requests`] does.
+pub async fn dispatch_work(
+    worker: Worker,
+    client: async_nats::Client,
+    max_in_flight: usize,
+    priority: u8,
+) {
+    let puller = Puller::bind(client, WORK_STREAM, priority).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
@@ -50,54 +61,46 @@ pub async fn dispatch_work(worker: Worker, client: async_nats::Client, max_in_fl
     let in_hand = max_in_flight
         .saturating_mul(IN_HAND_PER_ATTEMPT)
         .min(MAX_ACK_PENDING / 4);
-    consume(&consumer, "work", in_hand, carry_out_one).await
+    consume(puller, "work", in_hand, carry_out_one).await
 }
 
 /// Pulls messages forever (pulling again after an outage), each handled on
-/// its own task, at most `concurrency` at once.
-async fn consume<F, Fut>(consumer: &PullConsumer, what: &str, concurrency: usize, handle: F)
+/// its own task, at most `concurrency` at once. It asks only for the room
+/// it has ([`super::pull`]), so a full worker leaves the work to others.
+async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
-        let mut messages = match consumer.messages().await {
-            Ok(messages) => messages,
+        // Wait for room, then ask for all of it.
+        drop(limit.acquire().await.expect("never closed"));
+        let mut pull = match puller.pull(limit.available_permits()).await {
+            Ok(pull) => pull,
             Err(e) => {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    warn!(what, error = %e, "pulling failed");
+        loop {
+            let message = match pull.next().await {
+                Pulled::Message(message) => message,
+                Pulled::Done => break,
+                Pulled::Refused(why) => {
+                    warn!(what, why, "NATS refused a pull; reading the consumer again");
+                    puller.refresh().await;
                     break;
                 }
             };
+            // At hand: no more arrive than the room asked for.
             let permit = limit.clone().acquire_owned().await.expect("never closed");
             let handled = handle(message);
             tokio::spawn(async move {
                 handled.await;
                 drop(permit);
             });
-        }
-    }
-}
-
-/// The shared consumer of `stream`, waiting out a NATS outage.
-async fn bound(client: &async_nats::Client, stream: &str) -> PullConsumer {
-    let js = jetstream::new(client.clone());
-    loop {
-        match streams::consumer(&js, stream).await {
-            Ok(consumer) => return consumer,
-            Err(e) => {
-                warn!(stream, error = %e, "binding the consumer failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
         }
     }
 }
