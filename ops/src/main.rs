@@ -191,6 +191,10 @@ struct DispatchArgs {
     /// waiting to retry holds none.
     #[arg(long, default_value_t = DispatchConfig::default().max_in_flight, env = "FERRY_MAX_IN_FLIGHT")]
     max_in_flight: usize,
+    /// How long one attempt waits for the tool's HTTP answer (RAP tools
+    /// acknowledge at once and answer later), in milliseconds.
+    #[arg(long, default_value_t = DispatchConfig::default().ack_timeout.as_millis() as u64, env = "FERRY_ACK_TIMEOUT_MS")]
+    ack_timeout_ms: u64,
 }
 
 impl DispatchArgs {
@@ -200,12 +204,16 @@ impl DispatchArgs {
             self.max_in_flight >= 1,
             "--max-in-flight must be at least 1"
         );
+        anyhow::ensure!(
+            self.ack_timeout_ms >= 1,
+            "--ack-timeout-ms must be at least 1"
+        );
         Ok(DispatchConfig {
             max_attempts: self.max_attempts,
             initial_backoff: Duration::from_millis(self.initial_backoff_ms),
             max_backoff: Duration::from_millis(self.max_backoff_ms),
             max_in_flight: self.max_in_flight,
-            ..DispatchConfig::default()
+            ack_timeout: Duration::from_millis(self.ack_timeout_ms),
         })
     }
 }

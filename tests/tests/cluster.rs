@@ -2028,3 +2028,246 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
     }
     assert!(!store.tips_unread());
 }
+
+/// Worker priorities (`ferry worker --priority`): the shared consumers,
+/// as NATS reports them, and what a worker says it dispatched.
+mod priorities {
+    use super::*;
+    use async_nats::jetstream::consumer::{Info, PullConsumer};
+    use ferry_runtime::cluster::streams::{self, INBOX_STREAM, WORK_STREAM};
+
+    /// What NATS says of the consumer all workers share on `stream`.
+    async fn consumer(nats: &Nats, stream: &str) -> Info {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let mut consumer: PullConsumer = js
+            .get_stream(stream)
+            .await
+            .unwrap()
+            .get_consumer(streams::CONSUMER)
+            .await
+            .unwrap();
+        consumer.info().await.unwrap().clone()
+    }
+
+    fn has_group(info: &Info) -> bool {
+        info.config.priority_groups == [streams::PRIORITY_GROUP]
+    }
+
+    /// A worker with its `/metrics` on a port of its own.
+    async fn worker(c: &Cluster, flags: &[&str]) -> (FerryWorker, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let with = [flags, &["--metrics-listen", &listen]].concat();
+        let worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &with).await;
+        (worker, listen)
+    }
+
+    /// Invocations the tool acknowledged to the worker serving `/metrics`
+    /// at `listen`.
+    async fn acknowledged(listen: &str) -> u64 {
+        let metrics = reqwest::get(format!("http://{listen}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = r#"ferry_dispatch_outcomes_total{outcome="acknowledged"} "#;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    /// Waits until `n` pulls wait on each shared consumer.
+    async fn pulls_waiting(nats: &Nats, n: usize) {
+        eventually("the workers' pulls", Duration::from_secs(20), || async {
+            let inbox = consumer(nats, INBOX_STREAM).await.num_waiting;
+            let work = consumer(nats, WORK_STREAM).await.num_waiting;
+            (inbox == n && work == n).then_some(())
+        })
+        .await;
+    }
+
+    /// Both workers have room and a pull waiting: the one with the lower
+    /// number takes every call (shared in turn, each would take some).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_worker_with_the_lower_number_takes_the_work_while_it_has_room() {
+        let c = Cluster::start(0).await;
+        let (_first, first) = worker(&c, &["--priority", "0"]).await;
+        let (_second, second) = worker(&c, &["--priority", "1"]).await;
+        assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
+        pulls_waiting(&c.nats, 2).await;
+        let a = c.a.api();
+        for i in 0..20 {
+            c.dispatched(&a, &format!("g{i}"), "c").await;
+        }
+        assert_eq!(
+            (acknowledged(&first).await, acknowledged(&second).await),
+            (20, 0)
+        );
+    }
+
+    /// The first worker, allowed one attempt in flight, holds four calls
+    /// (one at a tool that does not answer, three waiting for it): full, it
+    /// has no pull waiting, and the next worker dispatches every new call
+    /// on its first delivery. Once the tool answers, the first worker's
+    /// calls go out too.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_full_or_stuck_first_worker_leaves_new_work_to_the_next() {
+        let c = Cluster::start(0).await;
+        let first_flags = [
+            "--priority",
+            "0",
+            "--max-in-flight",
+            "1",
+            "--ack-timeout-ms",
+            "600000",
+        ];
+        let (_first, first) = worker(&c, &first_flags).await;
+        let (_second, second) = worker(&c, &["--priority", "1"]).await;
+        pulls_waiting(&c.nats, 2).await;
+        let a = c.a.api();
+        c.tool.plan(&[ferry_tests::Ack::Held]);
+        for i in 0..4 {
+            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
+            assert_eq!(a.submit(call).await.0, 202);
+        }
+        c.tool.next_invocation().await;
+        eventually(
+            "the first worker to be full",
+            Duration::from_secs(20),
+            || async {
+                let work = consumer(&c.nats, WORK_STREAM).await;
+                (work.num_ack_pending == 4 && work.num_waiting == 1).then_some(())
+            },
+        )
+        .await;
+
+        for i in 0..10 {
+            c.dispatched(&a, &format!("g{i}"), "c").await;
+        }
+        assert_eq!(
+            (acknowledged(&first).await, acknowledged(&second).await),
+            (0, 10)
+        );
+        assert_eq!(consumer(&c.nats, WORK_STREAM).await.num_redelivered, 0);
+
+        c.tool.release();
+        for i in 0..4 {
+            a.wait_for(&format!("held{i}"), "c", "call_dispatched")
+                .await;
+        }
+        assert_eq!(acknowledged(&first).await, 4);
+    }
+
+    /// The group is there only once a worker asks for a priority; a worker
+    /// started without one pulls in it once it is there (NATS refuses its
+    /// pulls without, and it reads the consumer again); and
+    /// `--drop-priority-group` takes it away, after which a pull without a
+    /// group (as a Ferry older than priorities makes) is served again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_priority_group_comes_when_asked_and_goes_for_a_rollback() {
+        let c = Cluster::start(0).await;
+        let a = c.a.api();
+        let plain_pull = || async {
+            let js = async_nats::jetstream::new(async_nats::connect(c.nats.url()).await.unwrap());
+            let consumer: PullConsumer = js
+                .get_stream(WORK_STREAM)
+                .await
+                .unwrap()
+                .get_consumer(streams::CONSUMER)
+                .await
+                .unwrap();
+            let mut pull = consumer.fetch().max_messages(1).messages().await.unwrap();
+            futures::StreamExt::next(&mut pull)
+                .await
+                .map(|m| m.map(|_| ()).map_err(|e| e.to_string()))
+        };
+        let plain = ["--max-in-flight", "1", "--ack-timeout-ms", "600000"];
+        let _plain = FerryWorker::start_with(&c.nats.url(), &c.a.url, &plain).await;
+        assert!(!has_group(&consumer(&c.nats, WORK_STREAM).await));
+        assert!(!has_group(&consumer(&c.nats, INBOX_STREAM).await));
+        assert!(matches!(plain_pull().await, None | Some(Ok(()))));
+        // Full (as in the test above), the plain worker has no pull
+        // waiting for work while the group comes: its next one is made
+        // after, without the group.
+        c.tool.plan(&[ferry_tests::Ack::Held]);
+        for i in 0..4 {
+            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
+            assert_eq!(a.submit(call).await.0, 202);
+        }
+        c.tool.next_invocation().await;
+        eventually(
+            "the plain worker to be full",
+            Duration::from_secs(20),
+            || async {
+                let work = consumer(&c.nats, WORK_STREAM).await;
+                (work.num_ack_pending == 4 && work.num_waiting == 0).then_some(())
+            },
+        )
+        .await;
+
+        let asking = FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--priority", "3"]).await;
+        assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
+        assert!(has_group(&consumer(&c.nats, INBOX_STREAM).await));
+        let refused = plain_pull().await;
+        assert!(matches!(refused, Some(Err(_))), "{refused:?}");
+        drop(asking);
+        c.tool.release();
+        for i in 0..4 {
+            a.wait_for(&format!("held{i}"), "c", "call_dispatched")
+                .await;
+        }
+        for _ in 1..4 {
+            c.tool.next_invocation().await;
+        }
+        // Only the worker started without a priority is left.
+        c.dispatched(&a, "g1", "c").await;
+
+        let dropping =
+            FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--drop-priority-group"]).await;
+        assert!(!has_group(&consumer(&c.nats, WORK_STREAM).await));
+        assert!(!has_group(&consumer(&c.nats, INBOX_STREAM).await));
+        assert!(matches!(plain_pull().await, None | Some(Ok(()))));
+        drop(dropping);
+        c.dispatched(&a, "g2", "c").await;
+    }
+
+    /// A priority NATS does not take, or one given beside
+    /// `--drop-priority-group`, stops the worker before it starts.
+    #[test]
+    fn a_bad_priority_is_refused_at_start() {
+        let worker = [
+            "worker",
+            "--nats",
+            "nats://127.0.0.1:9",
+            "--secret",
+            "0123456789abcdef",
+            "--public-url",
+            "http://127.0.0.1:9",
+        ];
+        for (flags, says) in [
+            (&["--priority", "10"][..], "10 is not in 0..=9"),
+            (&["--priority", "-1"][..], "unexpected argument"),
+            (&["--priority", "first"][..], "invalid digit"),
+            (&["--priority", ""][..], "--priority"),
+            (
+                &["--priority", "1", "--drop-priority-group"][..],
+                "cannot be used with",
+            ),
+        ] {
+            let out = std::process::Command::new(ferry_tests::ferry::binary())
+                .args(worker)
+                .args(flags)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+            assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        }
+    }
+}

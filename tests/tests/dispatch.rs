@@ -306,7 +306,7 @@ async fn calls_waiting_to_retry_do_not_hold_up_other_tools() {
 
 /// Bad dispatch settings stop `ferry` before it starts, saying which.
 #[test]
-fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
+fn zero_attempts_in_flight_or_ack_timeout_are_refused_at_start() {
     let data = tempfile::tempdir().unwrap();
     let data = data.path().to_str().unwrap();
     let serve = ["serve", "--listen", "127.0.0.1:0", "--data", data];
@@ -320,7 +320,9 @@ fn zero_attempts_or_zero_in_flight_are_refused_at_start() {
     for (command, flag) in [
         (&serve[..], "--max-attempts"),
         (&serve[..], "--max-in-flight"),
+        (&serve[..], "--ack-timeout-ms"),
         (&worker[..], "--max-in-flight"),
+        (&worker[..], "--ack-timeout-ms"),
     ] {
         let out = std::process::Command::new(ferry_tests::ferry::binary())
             .args(command)

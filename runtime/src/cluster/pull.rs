@@ -112,41 +112,35 @@ pub struct Pull {
     js: jetstream::Context,
 }
 
-/// What a pull brought next.
-pub enum Pulled {
-    Message(jetstream::Message),
-    /// All asked for arrived, the pull expired, or it was lost.
-    Done,
-    /// NATS refused the pull (a wrong group, a deleted consumer, ...).
-    Refused(String),
-}
-
 impl Pull {
-    pub async fn next(&mut self) -> Pulled {
+    /// The next message; `None` once all asked for arrived, the pull
+    /// expired, or it was lost; an error when NATS refused the pull (a
+    /// wrong group, a deleted consumer, ...).
+    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, String> {
         while self.left > 0 {
             let message = match tokio::time::timeout(LOST_AFTER, self.subscriber.next()).await {
                 Ok(Some(message)) => message,
-                Ok(None) | Err(_) => return Pulled::Done,
+                Ok(None) | Err(_) => return Ok(None),
             };
             match message.status {
                 None | Some(StatusCode::OK) => {
                     self.left -= 1;
-                    return Pulled::Message(jetstream::Message {
+                    return Ok(Some(jetstream::Message {
                         message,
                         context: self.js.clone(),
-                    });
+                    }));
                 }
                 Some(StatusCode::IDLE_HEARTBEAT) => continue,
                 // Expired, or nothing left for a pull that asked no wait.
-                Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return Pulled::Done,
+                Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return Ok(None),
                 Some(status) => {
-                    return Pulled::Refused(format!(
+                    return Err(format!(
                         "{status}: {}",
                         message.description.as_deref().unwrap_or("")
                     ))
                 }
             }
         }
-        Pulled::Done
+        Ok(None)
     }
 }

@@ -13,7 +13,7 @@ use ferry_worker::Worker;
 use tokio::sync::Semaphore;
 use tracing::{info_span, warn, Instrument};
 
-use super::pull::{Pulled, Puller};
+use super::pull::Puller;
 use super::relay::{REPLY_HEADER, REQUEST_HEADER};
 use super::streams::{ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
@@ -86,9 +86,9 @@ where
         };
         loop {
             let message = match pull.next().await {
-                Pulled::Message(message) => message,
-                Pulled::Done => break,
-                Pulled::Refused(why) => {
+                Ok(Some(message)) => message,
+                Ok(None) => break,
+                Err(why) => {
                     warn!(what, why, "NATS refused a pull; reading the consumer again");
                     puller.refresh().await;
                     break;
