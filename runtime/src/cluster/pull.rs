@@ -1,11 +1,13 @@
 //! Pulling a shared consumer's messages only for the room a worker has.
 //!
-//! A worker asks NATS for as many messages as it can start at once and
-//! asks again once those arrived or the pull expired; a worker that is
-//! full or stuck has no pull waiting, so NATS gives the work to the
-//! others. With the consumer's priority group ([`streams::PRIORITY_GROUP`])
-//! that is what makes priorities safe: a pull at a higher number gets
-//! messages only while no lower one waits, and a full worker's does not.
+//! A worker never asks NATS for more messages than it can start at once:
+//! the messages it asked for and has not received yet stay within its free
+//! room, so a worker that is full or stuck has no pull waiting, and NATS
+//! gives the work to the others. It asks again once less than half its
+//! room is asked for, so that while it has room a pull of its is always
+//! waiting. With the consumer's priority group
+//! ([`streams::PRIORITY_GROUP`]) that is what makes priorities work: a
+//! pull at a higher number gets messages only while no lower one waits.
 //! (async-nats's `messages()` keeps a pull of 200 waiting whatever room
 //! its user has, and its `batch()` cannot carry a priority.)
 
@@ -14,26 +16,34 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self};
-use async_nats::{StatusCode, Subscriber};
+use async_nats::{StatusCode, Subject, Subscriber};
 use futures::StreamExt;
 use tracing::warn;
 
 use super::streams::{self, GroupChange};
 
-/// How long a pull waits at NATS for messages before it is renewed.
-const EXPIRES: Duration = Duration::from_secs(5);
+/// How long a pull waits at NATS before it expires (a pull that expired
+/// is made again; while it waits, it holds the worker's place).
+const EXPIRES: Duration = Duration::from_secs(30);
 /// How often NATS says a waiting pull is still there.
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// Silence after which a pull counts as lost (NATS restarted, say).
-const LOST_AFTER: Duration = Duration::from_secs(3);
+/// Silence after which the pulls waiting count as lost (NATS restarted).
+const LOST_AFTER: Duration = Duration::from_secs(5);
+/// The header of NATS's answer to an ended pull: how many of the messages
+/// it asked for it did not bring.
+const PENDING_MESSAGES: &str = "Nats-Pending-Messages";
 
-/// One worker's hold on the shared consumer of a stream.
+/// One worker's pulls from the shared consumer of a stream: every pull's
+/// messages (and NATS's word on them) arrive on one inbox.
 pub struct Puller {
     client: async_nats::Client,
     js: jetstream::Context,
     stream: &'static str,
     consumer: PullConsumer,
     priority: u8,
+    inbox: (Subject, Subscriber),
+    /// Messages asked for and not received yet, across pulls.
+    asked: usize,
 }
 
 impl Puller {
@@ -43,26 +53,36 @@ impl Puller {
     pub async fn bind(client: async_nats::Client, stream: &'static str, priority: u8) -> Self {
         let js = jetstream::new(client.clone());
         let consumer = bound(&js, stream, GroupChange::Keep).await;
+        let inbox = loop {
+            match subscribe(&client).await {
+                Ok(inbox) => break inbox,
+                Err(e) => {
+                    warn!(stream, error = %e, "subscribing to an inbox failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
         Puller {
             client,
             js,
             stream,
             consumer,
             priority,
+            inbox,
+            asked: 0,
         }
     }
 
-    /// Asks for at most `room` messages (at least one).
-    pub async fn pull(&self, room: usize) -> Result<Pull, String> {
-        let inbox = self.client.new_inbox();
-        let subscriber = self
-            .client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+    /// Messages asked for and not received yet.
+    pub fn asked(&self) -> usize {
+        self.asked
+    }
+
+    /// Asks for `n` more messages.
+    pub async fn ask(&mut self, n: usize) -> Result<(), String> {
         let grouped = streams::has_priority_group(&self.consumer);
         let request = BatchConfig {
-            batch: room.max(1),
+            batch: n,
             expires: Some(EXPIRES),
             idle_heartbeat: HEARTBEAT,
             group: grouped.then(|| streams::PRIORITY_GROUP.to_string()),
@@ -70,14 +90,58 @@ impl Puller {
             ..Default::default()
         };
         self.consumer
-            .request_batch(request, inbox.into())
+            .request_batch(request, self.inbox.0.clone())
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Pull {
-            subscriber,
-            left: room.max(1),
-            js: self.js.clone(),
-        })
+        self.asked += n;
+        Ok(())
+    }
+
+    /// The next message; `None` when a pull ended (expired, or lost with
+    /// the rest: asking again is up to the caller); an error when NATS
+    /// refused a pull (a wrong group, a deleted consumer, ...), after which
+    /// nothing counts as asked.
+    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, String> {
+        loop {
+            let message = match tokio::time::timeout(LOST_AFTER, self.inbox.1.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) | Err(_) => {
+                    self.reset().await;
+                    return Ok(None);
+                }
+            };
+            match message.status {
+                None | Some(StatusCode::OK) => {
+                    self.asked = self.asked.saturating_sub(1);
+                    return Ok(Some(jetstream::Message {
+                        message,
+                        context: self.js.clone(),
+                    }));
+                }
+                Some(StatusCode::IDLE_HEARTBEAT) => continue,
+                Some(status) => {
+                    let unbrought = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(PENDING_MESSAGES))
+                        .and_then(|n| n.as_str().parse::<usize>().ok());
+                    match unbrought {
+                        // A pull ended (expired, say) without all it asked.
+                        Some(n) => {
+                            self.asked = self.asked.saturating_sub(n);
+                            return Ok(None);
+                        }
+                        None => {
+                            self.reset().await;
+                            return Err(format!(
+                                "{status}: {}",
+                                message.description.as_deref().unwrap_or("")
+                            ));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Reads the consumer again after a refused pull: another worker may
@@ -90,6 +154,26 @@ impl Puller {
             self.consumer = bound(&self.js, self.stream, GroupChange::Keep).await;
         }
     }
+
+    /// Forgets the pulls waiting: later ones use a new inbox, so what the
+    /// old ones still bring is not counted (NATS gives those messages to a
+    /// worker again after the ack deadline).
+    async fn reset(&mut self) {
+        self.asked = 0;
+        match subscribe(&self.client).await {
+            Ok(inbox) => self.inbox = inbox,
+            Err(e) => warn!(stream = self.stream, error = %e, "subscribing to a new inbox failed"),
+        }
+    }
+}
+
+/// A new inbox, subscribed to.
+async fn subscribe(
+    client: &async_nats::Client,
+) -> Result<(Subject, Subscriber), async_nats::SubscribeError> {
+    let inbox = Subject::from(client.new_inbox());
+    let subscriber = client.subscribe(inbox.clone()).await?;
+    Ok((inbox, subscriber))
 }
 
 /// The shared consumer of `stream`, waiting out a NATS outage.
@@ -102,45 +186,5 @@ pub async fn bound(js: &jetstream::Context, stream: &str, change: GroupChange) -
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-    }
-}
-
-/// One pull's messages as they arrive.
-pub struct Pull {
-    subscriber: Subscriber,
-    left: usize,
-    js: jetstream::Context,
-}
-
-impl Pull {
-    /// The next message; `None` once all asked for arrived, the pull
-    /// expired, or it was lost; an error when NATS refused the pull (a
-    /// wrong group, a deleted consumer, ...).
-    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, String> {
-        while self.left > 0 {
-            let message = match tokio::time::timeout(LOST_AFTER, self.subscriber.next()).await {
-                Ok(Some(message)) => message,
-                Ok(None) | Err(_) => return Ok(None),
-            };
-            match message.status {
-                None | Some(StatusCode::OK) => {
-                    self.left -= 1;
-                    return Ok(Some(jetstream::Message {
-                        message,
-                        context: self.js.clone(),
-                    }));
-                }
-                Some(StatusCode::IDLE_HEARTBEAT) => continue,
-                // Expired, or nothing left for a pull that asked no wait.
-                Some(StatusCode::TIMEOUT | StatusCode::NOT_FOUND) => return Ok(None),
-                Some(status) => {
-                    return Err(format!(
-                        "{status}: {}",
-                        message.description.as_deref().unwrap_or("")
-                    ))
-                }
-            }
-        }
-        Ok(None)
     }
 }

@@ -66,7 +66,9 @@ pub async fn dispatch_work(
 
 /// Pulls messages forever (pulling again after an outage), each handled on
 /// its own task, at most `concurrency` at once. It asks only for the room
-/// it has ([`super::pull`]), so a full worker leaves the work to others.
+/// it has, and asks again once less than half of it is asked for
+/// ([`super::pull`]): a full worker has no pull waiting, and leaves the
+/// work to others.
 async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
@@ -74,34 +76,35 @@ where
 {
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
     loop {
-        // Wait for room, then ask for all of it.
-        drop(limit.acquire().await.expect("never closed"));
-        let mut pull = match puller.pull(limit.available_permits()).await {
-            Ok(pull) => pull,
-            Err(e) => {
+        let room = limit.available_permits();
+        if room == 0 {
+            // Full: nothing is asked for (each message took its room).
+            drop(limit.acquire().await.expect("never closed"));
+            continue;
+        }
+        if puller.asked() * 2 < room {
+            if let Err(e) = puller.ask(room - puller.asked()).await {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-        };
-        loop {
-            let message = match pull.next().await {
-                Ok(Some(message)) => message,
-                Ok(None) => break,
-                Err(why) => {
-                    warn!(what, why, "NATS refused a pull; reading the consumer again");
-                    puller.refresh().await;
-                    break;
-                }
-            };
-            // At hand: no more arrive than the room asked for.
-            let permit = limit.clone().acquire_owned().await.expect("never closed");
-            let handled = handle(message);
-            tokio::spawn(async move {
-                handled.await;
-                drop(permit);
-            });
         }
+        let message = match puller.next().await {
+            Ok(Some(message)) => message,
+            Ok(None) => continue,
+            Err(why) => {
+                warn!(what, why, "NATS refused a pull; reading the consumer again");
+                puller.refresh().await;
+                continue;
+            }
+        };
+        // Never more arrive than there was room for: this does not wait.
+        let permit = limit.clone().acquire_owned().await.expect("never closed");
+        let handled = handle(message);
+        tokio::spawn(async move {
+            handled.await;
+            drop(permit);
+        });
     }
 }
 
