@@ -1712,20 +1712,27 @@ async fn a_stream_on_a_node_that_lost_nats_for_a_while_delivers_what_it_missed()
     );
 }
 
-/// A worker has no API, and dispatches in its own process: with
-/// `--metrics-listen` it serves its `/metrics` (dispatch outcomes, and
-/// latency as a histogram) and `/healthz`.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_serves_its_dispatch_metrics() {
-    let c = Cluster::start(0).await;
+/// A worker of `c` started with `flags` and its `/metrics` on a port of
+/// its own (the address is returned).
+async fn metered_worker(c: &Cluster, flags: &[&str]) -> (FerryWorker, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let _worker =
-        FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--metrics-listen", &listen]).await;
+    let with = [flags, &["--metrics-listen", &listen]].concat();
+    let worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &with).await;
+    (worker, listen)
+}
+
+/// A worker has no API, and dispatches in its own process: with
+/// `--metrics-listen` it serves its `/metrics` (dispatch outcomes, and
+/// latency as a histogram) and `/healthz`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_serves_its_dispatch_metrics() {
+    let c = Cluster::start(0).await;
+    let (_worker, listen) = metered_worker(&c, &[]).await;
     c.dispatched(&c.a.api(), "g", "c1").await;
     let get = |path: &str| reqwest::get(format!("http://{listen}{path}"));
     let health: Value = get("/healthz").await.unwrap().json().await.unwrap();
@@ -2036,34 +2043,24 @@ mod priorities {
     use async_nats::jetstream::consumer::{Info, PullConsumer};
     use ferry_runtime::cluster::streams::{self, INBOX_STREAM, WORK_STREAM};
 
-    /// What NATS says of the consumer all workers share on `stream`.
-    async fn consumer(nats: &Nats, stream: &str) -> Info {
+    /// The consumer all workers share on `stream`, on a client of its own.
+    async fn shared(nats: &Nats, stream: &str) -> PullConsumer {
         let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-        let mut consumer: PullConsumer = js
-            .get_stream(stream)
+        js.get_stream(stream)
             .await
             .unwrap()
             .get_consumer(streams::CONSUMER)
             .await
-            .unwrap();
-        consumer.info().await.unwrap().clone()
+            .unwrap()
+    }
+
+    /// What NATS says of the consumer all workers share on `stream`.
+    async fn consumer(nats: &Nats, stream: &str) -> Info {
+        shared(nats, stream).await.info().await.unwrap().clone()
     }
 
     fn has_group(info: &Info) -> bool {
         info.config.priority_groups == [streams::PRIORITY_GROUP]
-    }
-
-    /// A worker with its `/metrics` on a port of its own.
-    async fn worker(c: &Cluster, flags: &[&str]) -> (FerryWorker, String) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
-        let with = [flags, &["--metrics-listen", &listen]].concat();
-        let worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &with).await;
-        (worker, listen)
     }
 
     /// Invocations the tool acknowledged to the worker serving `/metrics`
@@ -2092,13 +2089,38 @@ mod priorities {
         .await;
     }
 
+    /// A worker that holds four calls at most: one attempt in flight, and
+    /// three more in hand waiting for it. Its attempts outlast any test.
+    const STUCK: [&str; 4] = ["--max-in-flight", "1", "--ack-timeout-ms", "600000"];
+
+    /// Fills the one [`STUCK`] worker with four calls (`held0`..`held3`),
+    /// the first held at the tool, and waits until NATS has all four out
+    /// and `waiting` pulls of other workers on the dispatch work.
+    async fn fill_the_stuck_worker(c: &Cluster, waiting: usize) {
+        c.tool.plan(&[ferry_tests::Ack::Held]);
+        for i in 0..4 {
+            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
+            assert_eq!(c.a.api().submit(call).await.0, 202);
+        }
+        c.tool.next_invocation().await;
+        eventually(
+            "the stuck worker to be full",
+            Duration::from_secs(20),
+            || async {
+                let work = consumer(&c.nats, WORK_STREAM).await;
+                (work.num_ack_pending == 4 && work.num_waiting == waiting).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Both workers have room and a pull waiting: the one with the lower
     /// number takes every call (shared in turn, each would take some).
     #[tokio::test(flavor = "multi_thread")]
     async fn the_worker_with_the_lower_number_takes_the_work_while_it_has_room() {
         let c = Cluster::start(0).await;
-        let (_first, first) = worker(&c, &["--priority", "0"]).await;
-        let (_second, second) = worker(&c, &["--priority", "1"]).await;
+        let (_first, first) = metered_worker(&c, &["--priority", "0"]).await;
+        let (_second, second) = metered_worker(&c, &["--priority", "1"]).await;
         assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
         pulls_waiting(&c.nats, 2).await;
         let a = c.a.api();
@@ -2119,33 +2141,13 @@ mod priorities {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_full_or_stuck_first_worker_leaves_new_work_to_the_next() {
         let c = Cluster::start(0).await;
-        let first_flags = [
-            "--priority",
-            "0",
-            "--max-in-flight",
-            "1",
-            "--ack-timeout-ms",
-            "600000",
-        ];
-        let (_first, first) = worker(&c, &first_flags).await;
-        let (_second, second) = worker(&c, &["--priority", "1"]).await;
+        let (_first, first) =
+            metered_worker(&c, &[&["--priority", "0"][..], &STUCK].concat()).await;
+        let (_second, second) = metered_worker(&c, &["--priority", "1"]).await;
         pulls_waiting(&c.nats, 2).await;
         let a = c.a.api();
-        c.tool.plan(&[ferry_tests::Ack::Held]);
-        for i in 0..4 {
-            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
-            assert_eq!(a.submit(call).await.0, 202);
-        }
-        c.tool.next_invocation().await;
-        eventually(
-            "the first worker to be full",
-            Duration::from_secs(20),
-            || async {
-                let work = consumer(&c.nats, WORK_STREAM).await;
-                (work.num_ack_pending == 4 && work.num_waiting == 1).then_some(())
-            },
-        )
-        .await;
+        // The second worker's pull still waits.
+        fill_the_stuck_worker(&c, 1).await;
 
         for i in 0..10 {
             c.dispatched(&a, &format!("g{i}"), "c").await;
@@ -2174,42 +2176,20 @@ mod priorities {
         let c = Cluster::start(0).await;
         let a = c.a.api();
         let plain_pull = || async {
-            let js = async_nats::jetstream::new(async_nats::connect(c.nats.url()).await.unwrap());
-            let consumer: PullConsumer = js
-                .get_stream(WORK_STREAM)
-                .await
-                .unwrap()
-                .get_consumer(streams::CONSUMER)
-                .await
-                .unwrap();
+            let consumer = shared(&c.nats, WORK_STREAM).await;
             let mut pull = consumer.fetch().max_messages(1).messages().await.unwrap();
             futures::StreamExt::next(&mut pull)
                 .await
                 .map(|m| m.map(|_| ()).map_err(|e| e.to_string()))
         };
-        let plain = ["--max-in-flight", "1", "--ack-timeout-ms", "600000"];
-        let _plain = FerryWorker::start_with(&c.nats.url(), &c.a.url, &plain).await;
+        let _plain = FerryWorker::start_with(&c.nats.url(), &c.a.url, &STUCK).await;
         assert!(!has_group(&consumer(&c.nats, WORK_STREAM).await));
         assert!(!has_group(&consumer(&c.nats, INBOX_STREAM).await));
         assert!(matches!(plain_pull().await, None | Some(Ok(()))));
         // Full (as in the test above), the plain worker has no pull
         // waiting for work while the group comes: its next one is made
         // after, without the group.
-        c.tool.plan(&[ferry_tests::Ack::Held]);
-        for i in 0..4 {
-            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
-            assert_eq!(a.submit(call).await.0, 202);
-        }
-        c.tool.next_invocation().await;
-        eventually(
-            "the plain worker to be full",
-            Duration::from_secs(20),
-            || async {
-                let work = consumer(&c.nats, WORK_STREAM).await;
-                (work.num_ack_pending == 4 && work.num_waiting == 0).then_some(())
-            },
-        )
-        .await;
+        fill_the_stuck_worker(&c, 0).await;
 
         let asking = FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--priority", "3"]).await;
         assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
