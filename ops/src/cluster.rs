@@ -416,8 +416,20 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     info!(priority, "ferry worker consuming");
     println!("ferry worker ready");
     tokio::join!(
-        worker::apply_requests(engine, client.clone(), options.concurrency, priority),
-        worker::dispatch_work(dispatcher, client, options.dispatch.max_in_flight, priority),
+        worker::apply_requests(
+            engine,
+            client.clone(),
+            options.concurrency,
+            change,
+            priority
+        ),
+        worker::dispatch_work(
+            dispatcher,
+            client,
+            options.dispatch.max_in_flight,
+            change,
+            priority
+        ),
     );
     Ok(())
 }

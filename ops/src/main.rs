@@ -315,7 +315,8 @@ struct WorkerArgs {
     concurrency: usize,
     /// Take work before workers with a higher number: a worker gets work
     /// only while every worker with a lower number is full (no room for
-    /// more at once) or gone. Give workers that share a machine distinct
+    /// more at once, give or take the sixteenth of its room it asks for
+    /// in steps) or gone. Give workers that share a machine distinct
     /// numbers, so that they do not split a load one of them can carry;
     /// leave workers on machines of their own without. The first worker
     /// started with it gives the shared consumers a priority group (NATS

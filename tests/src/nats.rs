@@ -49,13 +49,19 @@ impl Nats {
     /// A single server with JetStream, fsyncing every write
     /// (`sync_interval: always`, as `ops/nats/` configures production).
     pub async fn start() -> Nats {
+        Self::start_with("").await
+    }
+
+    /// [`Nats::start`] with `jetstream` added to its `jetstream` block
+    /// (server-wide limits, say).
+    pub async fn start_with(jetstream: &str) -> Nats {
         let dir = tempfile::tempdir().expect("nats dir");
         let port = free_port();
         let config = dir.path().join("nats.conf");
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nserver_name: single\njetstream {{\n  store_dir: {:?}\n  sync_interval: always\n}}\n",
+                "listen: 127.0.0.1:{port}\nserver_name: single\njetstream {{\n  store_dir: {:?}\n  sync_interval: always\n  {jetstream}\n}}\n",
                 dir.path().join("js")
             ),
         )

@@ -24,7 +24,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(workers: usize) -> Cluster {
-        let nats = Nats::start().await;
+        Self::on(Nats::start().await, workers).await
+    }
+
+    /// [`Cluster::start`] on a NATS of the test's own.
+    async fn on(nats: Nats, workers: usize) -> Cluster {
         let tool = Arc::new(TestTool::start("t", &["op"]).await);
         let a = Ferry::start(FerryOptions {
             tool_servers: vec![tool.url.clone()],
@@ -2215,6 +2219,75 @@ mod priorities {
         assert!(matches!(plain_pull().await, None | Some(Ok(()))));
         drop(dropping);
         c.dispatched(&a, "g2", "c").await;
+    }
+
+    /// Submits 16 calls at once, to threads `{name}0`..`{name}15`.
+    async fn burst(a: &Api, name: &str) {
+        join_all((0..16).map(|i| async move {
+            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("{name}{i}"), "id": "c"});
+            assert_eq!(a.submit(call).await.0, 202);
+        }))
+        .await;
+    }
+
+    /// After the first worker was full, the room it regains is asked for
+    /// again as it frees, so a burst that follows goes to it, not to the
+    /// next worker (a review saw 0–2 of 16 leak to the second when the
+    /// first re-checked its room only as messages came).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_burst_after_the_first_worker_was_full_goes_to_it() {
+        let c = Cluster::start(0).await;
+        // Room for 16 dispatches.
+        let flags = ["--priority", "0", "--max-in-flight", "4"];
+        let (_first, first) = metered_worker(&c, &flags).await;
+        let (_second, second) = metered_worker(&c, &["--priority", "1"]).await;
+        pulls_waiting(&c.nats, 2).await;
+        let a = c.a.api();
+        c.tool.plan(&[ferry_tests::Ack::Held; 4]);
+        burst(&a, "held").await;
+        for _ in 0..4 {
+            c.tool.next_invocation().await;
+        }
+        eventually(
+            "the first worker to be full",
+            Duration::from_secs(20),
+            || async {
+                let work = consumer(&c.nats, WORK_STREAM).await;
+                (work.num_ack_pending == 16).then_some(())
+            },
+        )
+        .await;
+        for _ in 0..4 {
+            c.tool.release();
+        }
+        for i in 0..16 {
+            a.wait_for(&format!("held{i}"), "c", "call_dispatched")
+                .await;
+        }
+        assert_eq!(acknowledged(&first).await, 16);
+
+        burst(&a, "g").await;
+        for i in 0..16 {
+            a.wait_for(&format!("g{i}"), "c", "call_dispatched").await;
+        }
+        assert_eq!(
+            (acknowledged(&first).await, acknowledged(&second).await),
+            (32, 0)
+        );
+    }
+
+    /// A server-wide `max_request_batch` below a worker's room (it gives
+    /// the consumers their `max_batch`, and NATS refuses larger pulls):
+    /// the worker asks in pulls that fit, and its calls go out.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn pulls_fit_a_servers_batch_limit() {
+        let nats = Nats::start_with("limits { max_request_batch: 100 }").await;
+        let c = Cluster::on(nats, 1).await;
+        assert_eq!(consumer(&c.nats, WORK_STREAM).await.config.max_batch, 100);
+        let a = c.a.api();
+        for i in 0..3 {
+            c.dispatched(&a, &format!("g{i}"), "c").await;
+        }
     }
 
     /// A priority NATS does not take, or one given beside

@@ -18,6 +18,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self};
 use async_nats::{StatusCode, Subject, Subscriber};
 use futures::StreamExt;
+use tokio::time::Instant;
 use tracing::warn;
 
 use super::streams::{self, GroupChange};
@@ -40,19 +41,31 @@ pub struct Puller {
     js: jetstream::Context,
     stream: &'static str,
     consumer: PullConsumer,
+    /// What this worker wants of the consumer's priority group, kept for
+    /// binding it again (made anew after it was deleted).
+    change: GroupChange,
     priority: u8,
     inbox: (Subject, Subscriber),
+    /// The pulls on `inbox` are forgotten: the next ask takes a new one.
+    stale: bool,
     /// Messages asked for and not received yet, across pulls.
     asked: usize,
+    /// When the inbox last heard from NATS (or the last ask).
+    heard: Instant,
 }
 
 impl Puller {
-    /// Binds the consumer of `stream`, waiting out a NATS outage. The
-    /// worker pulls at `priority` whenever the consumer has a priority
-    /// group.
-    pub async fn bind(client: async_nats::Client, stream: &'static str, priority: u8) -> Self {
+    /// Binds the consumer of `stream` (changing its priority group as
+    /// `change` says), waiting out a NATS outage. The worker pulls at
+    /// `priority` whenever the consumer has a priority group.
+    pub async fn bind(
+        client: async_nats::Client,
+        stream: &'static str,
+        change: GroupChange,
+        priority: u8,
+    ) -> Self {
         let js = jetstream::new(client.clone());
-        let consumer = bound(&js, stream, GroupChange::Keep).await;
+        let consumer = bound(&js, stream, change).await;
         let inbox = loop {
             match subscribe(&client).await {
                 Ok(inbox) => break inbox,
@@ -67,9 +80,12 @@ impl Puller {
             js,
             stream,
             consumer,
+            change,
             priority,
             inbox,
+            stale: false,
             asked: 0,
+            heard: Instant::now(),
         }
     }
 
@@ -78,38 +94,62 @@ impl Puller {
         self.asked
     }
 
-    /// Asks for `n` more messages.
+    /// Asks for `n` more messages, in pulls no larger than the consumer
+    /// allows (`max_batch`, `max_expires`: a server's limits give them).
     pub async fn ask(&mut self, n: usize) -> Result<(), String> {
-        let grouped = streams::has_priority_group(&self.consumer);
-        let request = BatchConfig {
-            batch: n,
-            expires: Some(EXPIRES),
-            idle_heartbeat: HEARTBEAT,
-            group: grouped.then(|| streams::PRIORITY_GROUP.to_string()),
-            priority: grouped.then_some(usize::from(self.priority)),
-            ..Default::default()
+        if self.stale {
+            self.inbox = subscribe(&self.client).await.map_err(|e| e.to_string())?;
+            self.stale = false;
+        }
+        let config = &self.consumer.cached_info().config;
+        let largest = usize::try_from(config.max_batch)
+            .ok()
+            .filter(|&m| m > 0)
+            .unwrap_or(usize::MAX);
+        let expires = match config.max_expires {
+            limit if limit.is_zero() => EXPIRES,
+            limit => EXPIRES.min(limit),
         };
-        self.consumer
-            .request_batch(request, self.inbox.0.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        self.asked += n;
+        let grouped = streams::has_priority_group(&self.consumer);
+        let mut left = n;
+        while left > 0 {
+            let batch = left.min(largest);
+            let request = BatchConfig {
+                batch,
+                expires: Some(expires),
+                // NATS wants at least two heartbeats per pull.
+                idle_heartbeat: HEARTBEAT.min(expires / 2),
+                group: grouped.then(|| streams::PRIORITY_GROUP.to_string()),
+                priority: grouped.then_some(usize::from(self.priority)),
+                ..Default::default()
+            };
+            self.consumer
+                .request_batch(request, self.inbox.0.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            self.asked += batch;
+            left -= batch;
+        }
+        self.heard = Instant::now();
         Ok(())
     }
 
     /// The next message; `None` when a pull ended (expired, or lost with
-    /// the rest: asking again is up to the caller); an error when NATS
-    /// refused a pull (a wrong group, a deleted consumer, ...), after which
-    /// nothing counts as asked.
+    /// the rest after [`LOST_AFTER`] of silence: asking again is up to the
+    /// caller); an error when NATS refused a pull (a wrong group, a
+    /// deleted consumer, a pull over its limits, ...), after which nothing
+    /// counts as asked. Cancel-safe: a `select!` may drop it to ask more.
     pub async fn next(&mut self) -> Result<Option<jetstream::Message>, String> {
         loop {
-            let message = match tokio::time::timeout(LOST_AFTER, self.inbox.1.next()).await {
+            let deadline = self.heard + LOST_AFTER;
+            let message = match tokio::time::timeout_at(deadline, self.inbox.1.next()).await {
                 Ok(Some(message)) => message,
                 Ok(None) | Err(_) => {
-                    self.reset().await;
+                    self.forget();
                     return Ok(None);
                 }
             };
+            self.heard = Instant::now();
             match message.status {
                 None | Some(StatusCode::OK) => {
                     self.asked = self.asked.saturating_sub(1);
@@ -132,7 +172,7 @@ impl Puller {
                             return Ok(None);
                         }
                         None => {
-                            self.reset().await;
+                            self.forget();
                             return Err(format!(
                                 "{status}: {}",
                                 message.description.as_deref().unwrap_or("")
@@ -145,25 +185,22 @@ impl Puller {
     }
 
     /// Reads the consumer again after a refused pull: another worker may
-    /// have added or removed its priority group (NATS refuses a pull in a
-    /// group the consumer lacks, and one without the group it has), or it
-    /// may have been deleted (it is made again).
+    /// have added or removed its priority group (NATS refuses a pull
+    /// without the group the consumer has), or it may have been deleted
+    /// (it is made again, with the group this worker wants).
     pub async fn refresh(&mut self) {
         if let Err(e) = self.consumer.info().await {
             warn!(stream = self.stream, error = %e, "reading the consumer again failed; binding it again");
-            self.consumer = bound(&self.js, self.stream, GroupChange::Keep).await;
+            self.consumer = bound(&self.js, self.stream, self.change).await;
         }
     }
 
     /// Forgets the pulls waiting: later ones use a new inbox, so what the
     /// old ones still bring is not counted (NATS gives those messages to a
     /// worker again after the ack deadline).
-    async fn reset(&mut self) {
+    fn forget(&mut self) {
         self.asked = 0;
-        match subscribe(&self.client).await {
-            Ok(inbox) => self.inbox = inbox,
-            Err(e) => warn!(stream = self.stream, error = %e, "subscribing to a new inbox failed"),
-        }
+        self.stale = true;
     }
 }
 

@@ -112,13 +112,33 @@ pub async fn bind(
             Ok(updated)
         }
         Ok(updated) => Ok(updated),
-        // Refused by JetStream itself, not lost on the way.
-        Err(e) if matches!(e.kind(), stream::ConsumerUpdateErrorKind::JetStream(_)) => {
+        // Refused by JetStream itself for good (not a cluster between
+        // leaders, nor lost on the way: those are tried again).
+        Err(e) if refused_for_good(&e) => {
             tracing::warn!(error = %e, ?change, "NATS refused to change the consumer's priority group; it stays as it is");
             Ok(bound)
         }
         Err(e) => Err(nats(e)),
     }
+}
+
+/// Whether JetStream refused a consumer update for a reason that trying
+/// again will not change (a server too old for the change, say).
+fn refused_for_good(e: &stream::ConsumerUpdateError) -> bool {
+    use jetstream::ErrorCode;
+    let stream::ConsumerUpdateErrorKind::JetStream(e) = e.kind() else {
+        return false;
+    };
+    let passing = [
+        ErrorCode::CLUSTER_INCOMPLETE,
+        ErrorCode::CLUSTER_NO_PEERS,
+        ErrorCode::CLUSTER_NOT_ACTIVE,
+        ErrorCode::CLUSTER_NOT_ASSIGNED,
+        ErrorCode::CLUSTER_NOT_AVAILABLE,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::RAFT_GENERAL,
+    ];
+    !passing.contains(&e.error_code())
 }
 
 /// The shared durable pull consumer of `stream`.

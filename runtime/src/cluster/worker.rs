@@ -10,26 +10,28 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
 use ferry_worker::Worker;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tracing::{info_span, warn, Instrument};
 
 use super::pull::Puller;
 use super::relay::{REPLY_HEADER, REQUEST_HEADER};
-use super::streams::{ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
+use super::streams::{GroupChange, ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
 /// Applies relayed requests, forever (through NATS outages), pulling at
-/// `priority` where the consumer has a priority group.
+/// `priority` where the consumer has a priority group (`change` says what
+/// this worker wants of the group, should it bind the consumer again).
 pub async fn apply_requests(
     engine: Arc<Engine>,
     client: async_nats::Client,
     concurrency: usize,
+    change: GroupChange,
     priority: u8,
 ) {
-    let puller = Puller::bind(client.clone(), INBOX_STREAM, priority).await;
+    let puller = Puller::bind(client.clone(), INBOX_STREAM, change, priority).await;
     let apply_one = move |message| {
         let (engine, client) = (engine.clone(), client.clone());
         async move { apply(&engine, &client, message).await }
@@ -46,14 +48,15 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It pulls at `priority`, as [`apply_requests`] does.
+/// It pulls as [`apply_requests`] does.
 pub async fn dispatch_work(
     worker: Worker,
     client: async_nats::Client,
     max_in_flight: usize,
+    change: GroupChange,
     priority: u8,
 ) {
-    let puller = Puller::bind(client, WORK_STREAM, priority).await;
+    let puller = Puller::bind(client, WORK_STREAM, change, priority).await;
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
@@ -64,46 +67,65 @@ pub async fn dispatch_work(
     consume(puller, "work", in_hand, carry_out_one).await
 }
 
+/// A worker asks for more once this share of its room (or one message)
+/// is not asked for: so at most a sixteenth of its room is open to
+/// workers after it, at the cost of a pull per sixteenth of its room.
+const TOP_UP_SHARE: usize = 16;
+
+/// How long a worker waits after NATS refused a pull, so that a refusal
+/// that keeps coming costs little.
+const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+
 /// Pulls messages forever (pulling again after an outage), each handled on
 /// its own task, at most `concurrency` at once. It asks only for the room
-/// it has, and asks again once less than half of it is asked for
-/// ([`super::pull`]): a full worker has no pull waiting, and leaves the
-/// work to others.
+/// it has, and tops that up as room frees ([`super::pull`]): while it has
+/// room a pull of its waits, and a full worker has none, leaving the work
+/// to others.
 async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
+    let freed = Arc::new(Notify::new());
     loop {
         let room = limit.available_permits();
-        if room == 0 {
-            // Full: nothing is asked for (each message took its room).
-            drop(limit.acquire().await.expect("never closed"));
-            continue;
-        }
-        if puller.asked() * 2 < room {
-            if let Err(e) = puller.ask(room - puller.asked()).await {
+        let open = room.saturating_sub(puller.asked());
+        if open > 0 && open >= (room / TOP_UP_SHARE).max(1) {
+            if let Err(e) = puller.ask(open).await {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         }
-        let message = match puller.next().await {
+        if puller.asked() == 0 {
+            // Full: wait for room.
+            freed.notified().await;
+            continue;
+        }
+        let next = tokio::select! {
+            next = puller.next() => next,
+            // Room freed: top up first.
+            _ = freed.notified() => continue,
+        };
+        let message = match next {
             Ok(Some(message)) => message,
             Ok(None) => continue,
             Err(why) => {
                 warn!(what, why, "NATS refused a pull; reading the consumer again");
                 puller.refresh().await;
+                tokio::time::sleep(REFUSED_PAUSE).await;
                 continue;
             }
         };
         // Never more arrive than there was room for: this does not wait.
         let permit = limit.clone().acquire_owned().await.expect("never closed");
         let handled = handle(message);
+        let freed = freed.clone();
         tokio::spawn(async move {
             handled.await;
             drop(permit);
+            freed.notify_one();
         });
     }
 }
