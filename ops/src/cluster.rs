@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use ferry_runtime::bus::jetstream::JetStreamBus;
-use ferry_runtime::cluster::{outbox::Outbox, relay::Relay, streams, worker};
+use ferry_runtime::cluster::{outbox::Outbox, pull, relay::Relay, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
@@ -410,8 +410,8 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
         (Some(_), false) => streams::GroupChange::Add,
         (None, false) => streams::GroupChange::Keep,
     };
-    streams::bind(&js, streams::INBOX_STREAM, change).await?;
-    streams::bind(&js, streams::WORK_STREAM, change).await?;
+    pull::bound(&js, streams::INBOX_STREAM, change).await;
+    pull::bound(&js, streams::WORK_STREAM, change).await;
     let priority = options.priority.unwrap_or(0);
     info!(priority, "ferry worker consuming");
     println!("ferry worker ready");

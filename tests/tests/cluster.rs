@@ -2290,6 +2290,34 @@ mod priorities {
         }
     }
 
+    /// A consumer deleted under a running worker is made again by it, with
+    /// the priority group it asked for at start, and work goes on.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_deleted_consumer_is_made_again_with_the_group() {
+        let c = Cluster::start(0).await;
+        let _worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--priority", "2"]).await;
+        pulls_waiting(&c.nats, 1).await;
+        let js = async_nats::jetstream::new(async_nats::connect(c.nats.url()).await.unwrap());
+        js.get_stream(WORK_STREAM)
+            .await
+            .unwrap()
+            .delete_consumer(streams::CONSUMER)
+            .await
+            .unwrap();
+        eventually(
+            "the consumer to be made again",
+            Duration::from_secs(20),
+            || async {
+                let stream = js.get_stream(WORK_STREAM).await.unwrap();
+                let again: Result<PullConsumer, _> = stream.get_consumer(streams::CONSUMER).await;
+                again.ok().map(|_| ())
+            },
+        )
+        .await;
+        assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
+        c.dispatched(&c.a.api(), "g", "c").await;
+    }
+
     /// A priority NATS does not take, or one given beside
     /// `--drop-priority-group`, stops the worker before it starts.
     #[test]

@@ -3,20 +3,28 @@
 //! A worker never asks NATS for more messages than it can start at once:
 //! the messages it asked for and has not received yet stay within its free
 //! room, so a worker that is full or stuck has no pull waiting, and NATS
-//! gives the work to the others. It asks again once less than half its
-//! room is asked for, so that while it has room a pull of its is always
+//! gives the work to the others. It tops its pulls up as its room frees
+//! (`worker::consume`), so that while it has room a pull of its is always
 //! waiting. With the consumer's priority group
 //! ([`streams::PRIORITY_GROUP`]) that is what makes priorities work: a
 //! pull at a higher number gets messages only while no lower one waits.
 //! (async-nats's `messages()` keeps a pull of 200 waiting whatever room
 //! its user has, and its `batch()` cannot carry a priority.)
+//!
+//! Each pull answers on an inbox of its own, so what each still owes is
+//! known exactly: a pull that NATS ends, refuses, or drops without a word
+//! (a restart, a full wait list, a leader change) takes its own count
+//! away, and no other's.
 
+use std::future::poll_fn;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self};
-use async_nats::{StatusCode, Subject, Subscriber};
+use async_nats::{StatusCode, Subscriber};
 use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::warn;
@@ -28,14 +36,15 @@ use super::streams::{self, GroupChange};
 const EXPIRES: Duration = Duration::from_secs(30);
 /// How often NATS says a waiting pull is still there.
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// Silence after which the pulls waiting count as lost (NATS restarted).
+/// Silence after which a pull counts as lost (NATS restarted, say). NATS
+/// also keeps quiet on a pull while it is busy giving messages to other
+/// pulls; such a pull is merely made again.
 const LOST_AFTER: Duration = Duration::from_secs(5);
 /// The header of NATS's answer to an ended pull: how many of the messages
 /// it asked for it did not bring.
 const PENDING_MESSAGES: &str = "Nats-Pending-Messages";
 
-/// One worker's pulls from the shared consumer of a stream: every pull's
-/// messages (and NATS's word on them) arrive on one inbox.
+/// One worker's pulls from the shared consumer of a stream.
 pub struct Puller {
     client: async_nats::Client,
     js: jetstream::Context,
@@ -45,12 +54,15 @@ pub struct Puller {
     /// binding it again (made anew after it was deleted).
     change: GroupChange,
     priority: u8,
-    inbox: (Subject, Subscriber),
-    /// The pulls on `inbox` are forgotten: the next ask takes a new one.
-    stale: bool,
-    /// Messages asked for and not received yet, across pulls.
-    asked: usize,
-    /// When the inbox last heard from NATS (or the last ask).
+    pulls: Vec<Pull>,
+}
+
+/// A pull waiting at NATS, on its own inbox.
+struct Pull {
+    inbox: Subscriber,
+    /// Messages it asked for and has not brought yet.
+    owed: usize,
+    /// When it was made, or last heard from.
     heard: Instant,
 }
 
@@ -66,15 +78,6 @@ impl Puller {
     ) -> Self {
         let js = jetstream::new(client.clone());
         let consumer = bound(&js, stream, change).await;
-        let inbox = loop {
-            match subscribe(&client).await {
-                Ok(inbox) => break inbox,
-                Err(e) => {
-                    warn!(stream, error = %e, "subscribing to an inbox failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        };
         Puller {
             client,
             js,
@@ -82,25 +85,18 @@ impl Puller {
             consumer,
             change,
             priority,
-            inbox,
-            stale: false,
-            asked: 0,
-            heard: Instant::now(),
+            pulls: Vec::new(),
         }
     }
 
     /// Messages asked for and not received yet.
     pub fn asked(&self) -> usize {
-        self.asked
+        self.pulls.iter().map(|p| p.owed).sum()
     }
 
     /// Asks for `n` more messages, in pulls no larger than the consumer
     /// allows (`max_batch`, `max_expires`: a server's limits give them).
     pub async fn ask(&mut self, n: usize) -> Result<(), String> {
-        if self.stale {
-            self.inbox = subscribe(&self.client).await.map_err(|e| e.to_string())?;
-            self.stale = false;
-        }
         let config = &self.consumer.cached_info().config;
         let largest = usize::try_from(config.max_batch)
             .ok()
@@ -123,36 +119,70 @@ impl Puller {
                 priority: grouped.then_some(usize::from(self.priority)),
                 ..Default::default()
             };
-            self.consumer
-                .request_batch(request, self.inbox.0.clone())
+            let reply = self.client.new_inbox();
+            let inbox = self
+                .client
+                .subscribe(reply.clone())
                 .await
                 .map_err(|e| e.to_string())?;
-            self.asked += batch;
+            self.consumer
+                .request_batch(request, reply.into())
+                .await
+                .map_err(|e| e.to_string())?;
+            self.pulls.push(Pull {
+                inbox,
+                owed: batch,
+                heard: Instant::now(),
+            });
             left -= batch;
         }
-        self.heard = Instant::now();
         Ok(())
     }
 
-    /// The next message; `None` when a pull ended (expired, or lost with
-    /// the rest after [`LOST_AFTER`] of silence: asking again is up to the
+    /// The next message; `None` when a pull ended (filled, expired, or
+    /// lost after [`LOST_AFTER`] of silence: asking again is up to the
     /// caller); an error when NATS refused a pull (a wrong group, a
-    /// deleted consumer, a pull over its limits, ...), after which nothing
-    /// counts as asked. Cancel-safe: a `select!` may drop it to ask more.
+    /// deleted consumer, ...). A pull that ends takes what it still owed
+    /// off [`Puller::asked`]. Cancel-safe: a `select!` may drop it to ask
+    /// for more.
     pub async fn next(&mut self) -> Result<Option<jetstream::Message>, String> {
         loop {
-            let deadline = self.heard + LOST_AFTER;
-            let message = match tokio::time::timeout_at(deadline, self.inbox.1.next()).await {
-                Ok(Some(message)) => message,
-                Ok(None) | Err(_) => {
-                    self.forget();
+            let Some(quietest) = self.pulls.iter().map(|p| p.heard).min() else {
+                return Ok(None);
+            };
+            let heard = tokio::time::timeout_at(
+                quietest + LOST_AFTER,
+                poll_fn(|cx| {
+                    for (i, pull) in self.pulls.iter_mut().enumerate() {
+                        if let Poll::Ready(message) = pull.inbox.poll_next_unpin(cx) {
+                            return Poll::Ready((i, message));
+                        }
+                    }
+                    Poll::Pending
+                }),
+            )
+            .await;
+            let (i, message) = match heard {
+                Ok((i, Some(message))) => (i, message),
+                // Its subscription ended (the client closed).
+                Ok((i, None)) => {
+                    self.pulls.swap_remove(i);
+                    return Ok(None);
+                }
+                Err(_) => {
+                    let now = Instant::now();
+                    self.pulls.retain(|p| p.heard + LOST_AFTER > now);
                     return Ok(None);
                 }
             };
-            self.heard = Instant::now();
+            let pull = &mut self.pulls[i];
+            pull.heard = Instant::now();
             match message.status {
                 None | Some(StatusCode::OK) => {
-                    self.asked = self.asked.saturating_sub(1);
+                    pull.owed = pull.owed.saturating_sub(1);
+                    if pull.owed == 0 {
+                        self.pulls.swap_remove(i);
+                    }
                     return Ok(Some(jetstream::Message {
                         message,
                         context: self.js.clone(),
@@ -160,25 +190,19 @@ impl Puller {
                 }
                 Some(StatusCode::IDLE_HEARTBEAT) => continue,
                 Some(status) => {
-                    let unbrought = message
+                    self.pulls.swap_remove(i);
+                    let ended = message
                         .headers
                         .as_ref()
-                        .and_then(|h| h.get(PENDING_MESSAGES))
-                        .and_then(|n| n.as_str().parse::<usize>().ok());
-                    match unbrought {
-                        // A pull ended (expired, say) without all it asked.
-                        Some(n) => {
-                            self.asked = self.asked.saturating_sub(n);
-                            return Ok(None);
-                        }
-                        None => {
-                            self.forget();
-                            return Err(format!(
-                                "{status}: {}",
-                                message.description.as_deref().unwrap_or("")
-                            ));
-                        }
+                        .is_some_and(|h| h.get(PENDING_MESSAGES).is_some());
+                    // Ended (expired, say) without all it asked for: fine.
+                    if ended {
+                        return Ok(None);
                     }
+                    return Err(format!(
+                        "{status}: {}",
+                        message.description.as_deref().unwrap_or("")
+                    ));
                 }
             }
         }
@@ -187,33 +211,30 @@ impl Puller {
     /// Reads the consumer again after a refused pull: another worker may
     /// have added or removed its priority group (NATS refuses a pull
     /// without the group the consumer has), or it may have been deleted
-    /// (it is made again, with the group this worker wants).
+    /// (it is made again, with the group this worker asked for at start).
     pub async fn refresh(&mut self) {
-        if let Err(e) = self.consumer.info().await {
-            warn!(stream = self.stream, error = %e, "reading the consumer again failed; binding it again");
-            self.consumer = bound(&self.js, self.stream, self.change).await;
+        match self.consumer.info().await {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
+                ) =>
+            {
+                warn!(
+                    stream = self.stream,
+                    "the consumer is gone; binding it again"
+                );
+                self.consumer = bound(&self.js, self.stream, self.change).await;
+            }
+            // NATS between leaders, say: the next pull tells again.
+            Err(e) => warn!(stream = self.stream, error = %e, "reading the consumer again failed"),
         }
     }
-
-    /// Forgets the pulls waiting: later ones use a new inbox, so what the
-    /// old ones still bring is not counted (NATS gives those messages to a
-    /// worker again after the ack deadline).
-    fn forget(&mut self) {
-        self.asked = 0;
-        self.stale = true;
-    }
 }
 
-/// A new inbox, subscribed to.
-async fn subscribe(
-    client: &async_nats::Client,
-) -> Result<(Subject, Subscriber), async_nats::SubscribeError> {
-    let inbox = Subject::from(client.new_inbox());
-    let subscriber = client.subscribe(inbox.clone()).await?;
-    Ok((inbox, subscriber))
-}
-
-/// The shared consumer of `stream`, waiting out a NATS outage.
+/// The shared consumer of `stream`, with its priority group changed as
+/// `change` says, waiting out a NATS outage.
 pub async fn bound(js: &jetstream::Context, stream: &str, change: GroupChange) -> PullConsumer {
     loop {
         match streams::bind(js, stream, change).await {

@@ -137,6 +137,9 @@ fn refused_for_good(e: &stream::ConsumerUpdateError) -> bool {
         ErrorCode::CLUSTER_NOT_AVAILABLE,
         ErrorCode::CLUSTER_NOT_LEADER,
         ErrorCode::RAFT_GENERAL,
+        ErrorCode::INSUFFICIENT_RESOURCES,
+        ErrorCode(10118), // the stream is offline
+        ErrorCode(10119), // the consumer is offline
     ];
     !passing.contains(&e.error_code())
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
 use ferry_worker::Worker;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{info_span, warn, Instrument};
 
 use super::pull::Puller;
@@ -119,14 +119,30 @@ where
             }
         };
         // Never more arrive than there was room for: this does not wait.
-        let permit = limit.clone().acquire_owned().await.expect("never closed");
+        let place = Place {
+            permit: Some(limit.clone().acquire_owned().await.expect("never closed")),
+            freed: freed.clone(),
+        };
         let handled = handle(message);
-        let freed = freed.clone();
         tokio::spawn(async move {
             handled.await;
-            drop(permit);
-            freed.notify_one();
+            drop(place);
         });
+    }
+}
+
+/// A message's place in a worker's room: given back, it wakes the pull
+/// loop, even when its handler panicked (a loop waiting for room would
+/// otherwise wait for good).
+struct Place {
+    permit: Option<OwnedSemaphorePermit>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.freed.notify_one();
     }
 }
 
