@@ -67,9 +67,11 @@ pub async fn dispatch_work(
     consume(puller, "work", in_hand, carry_out_one).await
 }
 
-/// A worker asks for more once this share of its room (or one message)
-/// is not asked for: so at most a sixteenth of its room is open to
-/// workers after it, at the cost of a pull per sixteenth of its room.
+/// A worker asks for more once this share of its whole room (or one
+/// message) is free and not asked for, or once nothing is asked for: so
+/// at most a sixteenth of its room is open to workers after it, and a
+/// pull holds at least a sixteenth of its room (not one message per pull
+/// as its room frees one place at a time).
 const TOP_UP_SHARE: usize = 16;
 
 /// How long a worker waits after NATS refused a pull, so that a refusal
@@ -87,11 +89,12 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let limit = Arc::new(Semaphore::new(concurrency.max(1)));
+    let top_up = (concurrency / TOP_UP_SHARE).max(1);
     let freed = Arc::new(Notify::new());
     loop {
         let room = limit.available_permits();
         let open = room.saturating_sub(puller.asked());
-        if open > 0 && open >= (room / TOP_UP_SHARE).max(1) {
+        if open > 0 && (puller.asked() == 0 || open >= top_up) {
             if let Err(e) = puller.ask(open).await {
                 warn!(what, error = %e, "pulling failed");
                 tokio::time::sleep(Duration::from_secs(1)).await;
