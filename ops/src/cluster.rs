@@ -404,32 +404,20 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     );
     // Bind the consumers before saying so: work published from now on is
     // taken even if this worker is the first.
-    let js = async_nats::jetstream::new(client.clone());
     let change = match (options.priority, options.drop_priority_group) {
         (_, true) => streams::GroupChange::Remove,
         (Some(_), false) => streams::GroupChange::Add,
         (None, false) => streams::GroupChange::Keep,
     };
-    pull::bound(&js, streams::INBOX_STREAM, change).await;
-    pull::bound(&js, streams::WORK_STREAM, change).await;
     let priority = options.priority.unwrap_or(0);
+    let requests =
+        pull::Puller::bind(client.clone(), streams::INBOX_STREAM, change, priority).await;
+    let work = pull::Puller::bind(client.clone(), streams::WORK_STREAM, change, priority).await;
     info!(priority, "ferry worker consuming");
     println!("ferry worker ready");
     tokio::join!(
-        worker::apply_requests(
-            engine,
-            client.clone(),
-            options.concurrency,
-            change,
-            priority
-        ),
-        worker::dispatch_work(
-            dispatcher,
-            client,
-            options.dispatch.max_in_flight,
-            change,
-            priority
-        ),
+        worker::apply_requests(engine, client, requests, options.concurrency),
+        worker::dispatch_work(dispatcher, work, options.dispatch.max_in_flight),
     );
     Ok(())
 }

@@ -8,6 +8,19 @@ use std::time::Duration;
 
 use crate::{Api, TEST_SECRET};
 
+/// Runs `ferry` with `args` until it exits (a start it refuses): its exit
+/// status, and what it wrote to stderr.
+pub fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .output()
+        .expect("running ferry");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Builds the `ferry` binary once per test process (a no-op when it is up
 /// to date) and returns its path, next to the test executable's `deps/`.
 pub fn binary() -> &'static Path {

@@ -156,12 +156,14 @@ fn unusable_tokens_stop_ferry_at_start() {
         "has a space in it, see",
         "ünïcode-token-0123456789",
     ] {
-        let out = std::process::Command::new(ferry_tests::ferry::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--api-token", token])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{token:?} accepted");
+        let (status, stderr) = ferry_tests::ferry::refused(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-token",
+            token,
+        ]);
+        assert!(!status.success(), "{token:?} accepted");
         assert!(stderr.contains("--api-token"), "{token:?}: {stderr}");
         assert!(!stderr.contains(token), "{token:?} repeated: {stderr}");
     }

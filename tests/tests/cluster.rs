@@ -2094,27 +2094,34 @@ mod priorities {
     }
 
     /// A worker that holds four calls at most: one attempt in flight, and
-    /// three more in hand waiting for it. Its attempts outlast any test.
+    /// three more in hand waiting for it ([`hold_calls`] fills it). Its
+    /// attempts outlast any test.
     const STUCK: [&str; 4] = ["--max-in-flight", "1", "--ack-timeout-ms", "600000"];
 
-    /// Fills the one [`STUCK`] worker with four calls (`held0`..`held3`),
-    /// the first held at the tool, and waits until NATS has all four out
-    /// and `waiting` pulls of other workers on the dispatch work.
-    async fn fill_the_stuck_worker(c: &Cluster, waiting: usize) {
-        c.tool.plan(&[ferry_tests::Ack::Held]);
-        for i in 0..4 {
-            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("held{i}"), "id": "c"});
-            assert_eq!(c.a.api().submit(call).await.0, 202);
+    /// Submits `calls` calls at once (threads `held0`, `held1`, ...), the
+    /// first `at_tool` of them held at the tool, and waits until the tool
+    /// has those and NATS has all `calls` out and not acked (with
+    /// `waiting` pulls left on the dispatch work, when given).
+    async fn hold_calls(c: &Cluster, calls: usize, at_tool: usize, waiting: Option<usize>) {
+        c.tool.plan(&vec![ferry_tests::Ack::Held; at_tool]);
+        burst(&c.a.api(), "held", calls).await;
+        for _ in 0..at_tool {
+            c.tool.next_invocation().await;
         }
-        c.tool.next_invocation().await;
-        eventually(
-            "the stuck worker to be full",
-            Duration::from_secs(20),
-            || async {
-                let work = consumer(&c.nats, WORK_STREAM).await;
-                (work.num_ack_pending == 4 && work.num_waiting == waiting).then_some(())
-            },
-        )
+        eventually("the worker to be full", Duration::from_secs(20), || async {
+            let work = consumer(&c.nats, WORK_STREAM).await;
+            let out = work.num_ack_pending == calls;
+            (out && waiting.is_none_or(|w| work.num_waiting == w)).then_some(())
+        })
+        .await;
+    }
+
+    /// Submits `n` calls at once, to threads `{name}0`, `{name}1`, ...
+    async fn burst(a: &Api, name: &str, n: usize) {
+        join_all((0..n).map(|i| async move {
+            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("{name}{i}"), "id": "c"});
+            assert_eq!(a.submit(call).await.0, 202);
+        }))
         .await;
     }
 
@@ -2151,7 +2158,7 @@ mod priorities {
         pulls_waiting(&c.nats, 2).await;
         let a = c.a.api();
         // The second worker's pull still waits.
-        fill_the_stuck_worker(&c, 1).await;
+        hold_calls(&c, 4, 1, Some(1)).await;
 
         for i in 0..10 {
             c.dispatched(&a, &format!("g{i}"), "c").await;
@@ -2193,7 +2200,7 @@ mod priorities {
         // Full (as in the test above), the plain worker has no pull
         // waiting for work while the group comes: its next one is made
         // after, without the group.
-        fill_the_stuck_worker(&c, 0).await;
+        hold_calls(&c, 4, 1, Some(0)).await;
 
         let asking = FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--priority", "3"]).await;
         assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
@@ -2221,15 +2228,6 @@ mod priorities {
         c.dispatched(&a, "g2", "c").await;
     }
 
-    /// Submits 16 calls at once, to threads `{name}0`..`{name}15`.
-    async fn burst(a: &Api, name: &str) {
-        join_all((0..16).map(|i| async move {
-            let call = json!({"operation": "op", "arguments": {}, "group_id": format!("{name}{i}"), "id": "c"});
-            assert_eq!(a.submit(call).await.0, 202);
-        }))
-        .await;
-    }
-
     /// After the first worker was full, the room it regains is asked for
     /// again as it frees, so a burst that follows goes to it, not to the
     /// next worker (a review saw 0–2 of 16 leak to the second when the
@@ -2243,20 +2241,7 @@ mod priorities {
         let (_second, second) = metered_worker(&c, &["--priority", "1"]).await;
         pulls_waiting(&c.nats, 2).await;
         let a = c.a.api();
-        c.tool.plan(&[ferry_tests::Ack::Held; 4]);
-        burst(&a, "held").await;
-        for _ in 0..4 {
-            c.tool.next_invocation().await;
-        }
-        eventually(
-            "the first worker to be full",
-            Duration::from_secs(20),
-            || async {
-                let work = consumer(&c.nats, WORK_STREAM).await;
-                (work.num_ack_pending == 16).then_some(())
-            },
-        )
-        .await;
+        hold_calls(&c, 16, 4, None).await;
         for _ in 0..4 {
             c.tool.release();
         }
@@ -2266,7 +2251,7 @@ mod priorities {
         }
         assert_eq!(acknowledged(&first).await, 16);
 
-        burst(&a, "g").await;
+        burst(&a, "g", 16).await;
         for i in 0..16 {
             a.wait_for(&format!("g{i}"), "c", "call_dispatched").await;
         }
@@ -2341,13 +2326,8 @@ mod priorities {
                 "cannot be used with",
             ),
         ] {
-            let out = std::process::Command::new(ferry_tests::ferry::binary())
-                .args(worker)
-                .args(flags)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+            let (status, stderr) = ferry_tests::ferry::refused(&[&worker[..], flags].concat());
+            assert_eq!(status.code(), Some(2), "{flags:?}: {stderr}");
             assert!(stderr.contains(says), "{flags:?}: {stderr}");
         }
     }

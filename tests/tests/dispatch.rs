@@ -324,13 +324,8 @@ fn zero_attempts_in_flight_or_ack_timeout_are_refused_at_start() {
         (&worker[..], "--max-in-flight"),
         (&worker[..], "--ack-timeout-ms"),
     ] {
-        let out = std::process::Command::new(ferry_tests::ferry::binary())
-            .args(command)
-            .args([flag, "0"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{} {flag} 0 started", command[0]);
+        let (status, stderr) = ferry_tests::ferry::refused(&[command, &[flag, "0"]].concat());
+        assert!(!status.success(), "{} {flag} 0 started", command[0]);
         assert!(
             stderr.contains(&format!("{flag} must be at least 1")),
             "{} {flag} 0: {stderr}",
@@ -390,13 +385,8 @@ fn values_that_could_only_fail_later_are_refused_at_start() {
         ),
     ];
     for (command, args, flag) in cases {
-        let out = std::process::Command::new(ferry_tests::ferry::binary())
-            .args(command)
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} started");
+        let (status, stderr) = ferry_tests::ferry::refused(&[command, args].concat());
+        assert!(!status.success(), "{args:?} started");
         assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
 }

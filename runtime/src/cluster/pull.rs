@@ -235,7 +235,7 @@ impl Puller {
 
 /// The shared consumer of `stream`, with its priority group changed as
 /// `change` says, waiting out a NATS outage.
-pub async fn bound(js: &jetstream::Context, stream: &str, change: GroupChange) -> PullConsumer {
+async fn bound(js: &jetstream::Context, stream: &str, change: GroupChange) -> PullConsumer {
     loop {
         match streams::bind(js, stream, change).await {
             Ok(consumer) => return consumer,

@@ -15,23 +15,20 @@ use tracing::{info_span, warn, Instrument};
 
 use super::pull::Puller;
 use super::relay::{REPLY_HEADER, REQUEST_HEADER};
-use super::streams::{GroupChange, ACK_WAIT, INBOX_STREAM, MAX_ACK_PENDING, WORK_STREAM};
+use super::streams::{ACK_WAIT, MAX_ACK_PENDING};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
 use crate::http::ApiError;
 use crate::{bus, store};
 
-/// Applies relayed requests, forever (through NATS outages), pulling at
-/// `priority` where the consumer has a priority group (`change` says what
-/// this worker wants of the group, should it bind the consumer again).
+/// Applies relayed requests pulled by `puller` (of [`super::streams::INBOX_STREAM`]),
+/// forever (through NATS outages), answering the waiting node on `client`.
 pub async fn apply_requests(
     engine: Arc<Engine>,
     client: async_nats::Client,
+    puller: Puller,
     concurrency: usize,
-    change: GroupChange,
-    priority: u8,
 ) {
-    let puller = Puller::bind(client.clone(), INBOX_STREAM, change, priority).await;
     let apply_one = move |message| {
         let (engine, client) = (engine.clone(), client.clone());
         async move { apply(&engine, &client, message).await }
@@ -48,15 +45,8 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It pulls as [`apply_requests`] does.
-pub async fn dispatch_work(
-    worker: Worker,
-    client: async_nats::Client,
-    max_in_flight: usize,
-    change: GroupChange,
-    priority: u8,
-) {
-    let puller = Puller::bind(client, WORK_STREAM, change, priority).await;
+/// It takes the work `puller` (of [`super::streams::WORK_STREAM`]) brings.
+pub async fn dispatch_work(worker: Worker, puller: Puller, max_in_flight: usize) {
     let carry_out_one = move |message| {
         let worker = worker.clone();
         async move { carry_out(&worker, message).await }
