@@ -51,14 +51,30 @@ impl Browser {
     pub async fn start() -> anyhow::Result<Browser> {
         let chromium = installed("CHROMIUM", "/usr/bin/chromium", "chromium")?;
         let chromedriver = installed("CHROMEDRIVER", "/usr/bin/chromedriver", "chromium-driver")?;
-        let mut driver = Command::new(chromedriver)
-            .arg("--port=0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting chromedriver")?;
-        let port = announced_port(&mut driver).await?;
+        // chromedriver has once exited at start without a word (a CI run
+        // of the twenty-ninth session): a start is tried three times, and
+        // a failure says how it exited.
+        let mut tries = 0;
+        let (driver, port) = loop {
+            tries += 1;
+            let mut driver = Command::new(&chromedriver)
+                .arg("--port=0")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting chromedriver")?;
+            match announced_port(&mut driver).await {
+                Ok(port) => break (driver, port),
+                Err(e) if tries < 3 => {
+                    eprintln!(
+                        "chromedriver start {tries} failed ({e}: {:?}); again",
+                        driver.wait().await
+                    );
+                }
+                Err(e) => return Err(e.context(format!("{:?}", driver.try_wait()))),
+            }
+        };
         let http = reqwest::Client::builder().no_proxy().build()?;
         let mut browser = Browser {
             driver,
