@@ -69,7 +69,7 @@ impl Browser {
                 Err(e) if tries < 3 => {
                     eprintln!(
                         "chromedriver start {tries} failed ({e}: {:?}); again",
-                        driver.wait().await
+                        driver.try_wait()
                     );
                 }
                 Err(e) => return Err(e.context(format!("{:?}", driver.try_wait()))),
