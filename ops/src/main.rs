@@ -415,6 +415,10 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
     }
     println!("ferry listening on http://{}", running.addr);
     server.await??;
+    // Dispatch acknowledgements still waiting for their thread's next
+    // command are written now rather than lost (which would only dispatch
+    // their calls again).
+    running.engine.record_all_acks().await;
     Ok(())
 }
 

@@ -279,7 +279,10 @@ impl Engine {
 
     /// Runs the approval timers: each waits for its deadline, then rejects
     /// the call if it still waits (the state machine refuses otherwise).
+    /// Starts the sweeper of waiting dispatch acknowledgements too: until
+    /// it runs, acknowledgements are recorded at once.
     pub fn start_timers(self: &Arc<Self>) {
+        self.acks.start(Arc::downgrade(self));
         let Some(mut timers) = self.timer_queue.lock().expect("timer lock").take() else {
             return;
         };

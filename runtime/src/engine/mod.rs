@@ -6,6 +6,7 @@
 //! **Invariant:** nothing is answered before it is durable (invariant 1):
 //! `execute` returns only after the store's flush.
 
+mod acks;
 mod approvals;
 mod callbacks;
 pub mod calls;
@@ -149,6 +150,9 @@ pub struct Engine {
     armed: std::sync::Mutex<
         std::collections::HashMap<(String, String), Option<tokio::task::AbortHandle>>,
     >,
+    /// Dispatch acknowledgements waiting to ride with their thread's next
+    /// command.
+    acks: acks::Acks,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -186,6 +190,7 @@ impl Engine {
             delivering: Default::default(),
             toolset_writes: Default::default(),
             armed: Default::default(),
+            acks: Default::default(),
         }
     }
 
@@ -232,39 +237,94 @@ impl Engine {
         durability: Durability,
         in_turn: bool,
     ) -> Result<Executed, Error> {
+        self.run(group_id, Some(&command), durability, in_turn)
+            .await
+    }
+
+    /// Records the thread's waiting acknowledgements on their own (`wait`:
+    /// returning once they are durable).
+    pub(crate) async fn record_acks(&self, group_id: &str, wait: bool) -> Result<(), Error> {
+        let durability = if wait {
+            Durability::Await
+        } else {
+            Durability::Background
+        };
+        self.run(group_id, None, durability, false).await.map(drop)
+    }
+
+    /// Writes the thread's waiting acknowledgements before a read of its
+    /// state, which then shows a call as dispatched once its tool said so.
+    pub(crate) async fn acks_before_read(&self, group_id: &str) -> Result<(), Error> {
+        if self.acks.waits(group_id) {
+            self.record_acks(group_id, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Records every waiting acknowledgement, durably: for a clean stop.
+    pub async fn record_all_acks(&self) {
+        for group_id in self.acks.threads() {
+            if let Err(e) = self.record_acks(&group_id, true).await {
+                tracing::warn!(group_id, error = %e, "could not record dispatch");
+            }
+        }
+    }
+
+    /// Runs `command` (none: only the acknowledgements) after the thread's
+    /// waiting acknowledgements, in one write.
+    async fn run(
+        &self,
+        group_id: &str,
+        command: Option<&Command>,
+        durability: Durability,
+        in_turn: bool,
+    ) -> Result<Executed, Error> {
         let at = now();
         store::jetstream::command_started();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let turn = in_turn.then(|| self.turns.take(group_id));
-            let mut state = self.load_for(group_id, &command).await?;
-            let decision = match thread::decide(&state, &command) {
-                Ok(decision) => decision,
-                Err(rejection) => {
-                    drop(guard);
-                    // A refusal rests on the state it was decided against,
-                    // which may hold another request's write not yet flushed
-                    // (or a held one): make it durable before anyone hears
-                    // the refusal, or a crash could take its reason back.
-                    self.make_durable(group_id, state.meta.last_seq).await?;
-                    return Err(rejection.into());
+            let acks = self.acks.take(group_id);
+            let mut state = match self.load_for(group_id, command, &acks).await {
+                Ok(state) => state,
+                Err(e) => {
+                    self.acks.restore(group_id, acks);
+                    return Err(e);
                 }
             };
             let expected_last_seq = state.meta.last_seq;
             let active_before = state.meta.active_subscriptions.len();
-            let events = thread::apply(&mut state, &at, decision.changes.clone());
+            let mut events = apply_acks(&mut state, &acks);
+            let acked = events.len();
+            let decided = match command {
+                Some(command) => thread::decide(&state, command),
+                None => Ok(Decision::nothing(thread::Outcome::Applied)),
+            };
+            if let Ok(decision) = &decided {
+                events.extend(thread::apply(&mut state, &at, decision.changes.clone()));
+            }
             if events.is_empty() {
                 drop(guard);
                 // Nothing new, but what the answer rests on (a call another
                 // request just wrote, say) must be durable before we answer.
+                // A refusal too rests on the state it was decided against,
+                // which may hold another request's write not yet flushed
+                // (or a held one): a crash must not take its reason back.
                 self.make_durable(group_id, state.meta.last_seq).await?;
                 return Ok(Executed {
-                    decision,
+                    decision: decided?,
                     events,
                     state,
                     turn,
                 });
             }
+            // A refusal that comes after acknowledgements it carries is
+            // answered once they are durable, as any refusal.
+            let durability = if decided.is_err() {
+                Durability::Await
+            } else {
+                durability
+            };
             let write = Write {
                 expected_last_seq,
                 state: &state,
@@ -277,6 +337,7 @@ impl Engine {
             drop(guard);
             match written {
                 Err(store::Error::Conflict(_)) => {
+                    self.acks.restore(group_id, acks);
                     ::metrics::counter!(crate::metrics::WRITE_CONFLICTS).increment(1);
                     tracing::debug!(
                         group_id,
@@ -285,11 +346,13 @@ impl Engine {
                     continue;
                 }
                 Err(store::Error::AlreadyApplied(_)) => {
+                    self.acks.restore(group_id, acks);
                     // Applied before, by a worker that died before acking
                     // the request: answer as for any repeat, from what the
                     // store holds now.
                     tracing::info!(group_id, "request already applied; nothing recorded");
-                    let state = self.store.load(group_id, &command.call_ids()).await?;
+                    let ids = command.map(Command::call_ids).unwrap_or_default();
+                    let state = self.store.load(group_id, &ids).await?;
                     return Ok(Executed {
                         decision: thread::Decision::nothing(thread::Outcome::Duplicate),
                         events: vec![],
@@ -307,6 +370,8 @@ impl Engine {
             if opened != 0.0 {
                 ::metrics::gauge!(crate::metrics::ACTIVE_SUBSCRIPTIONS).increment(opened);
             }
+            // The command's own events, after the acknowledgements it carried.
+            let events = events.split_off(acked);
             if durability == Durability::Background {
                 let (store, group_id) = (self.store.clone(), group_id.to_owned());
                 let (durable, expected) = (state.meta.last_seq, expected_last_seq);
@@ -320,7 +385,7 @@ impl Engine {
                     store.publish(&group_id, if flushed { durable } else { expected });
                 });
                 return Ok(Executed {
-                    decision,
+                    decision: decided?,
                     events,
                     state,
                     turn,
@@ -337,7 +402,7 @@ impl Engine {
             self.store.publish(group_id, durable);
             flushed?;
             return Ok(Executed {
-                decision,
+                decision: decided?,
                 events,
                 state,
                 turn,
@@ -351,11 +416,18 @@ impl Engine {
     /// process may add such a call between two loads (in a cluster), so
     /// this loads until none is missing; the write's compare-and-set then
     /// holds it to that state.
-    async fn load_for(&self, group_id: &str, command: &Command) -> Result<ThreadState, Error> {
-        let named = command.call_ids();
+    /// The calls of `acks` are loaded too.
+    async fn load_for(
+        &self,
+        group_id: &str,
+        command: Option<&Command>,
+        acks: &[acks::Ack],
+    ) -> Result<ThreadState, Error> {
+        let mut named = command.map(Command::call_ids).unwrap_or_default();
+        named.extend(acks.iter().map(|a| a.id.as_str()));
         let mut state = self.store.load(group_id, &named).await?;
         let mut loads = 1;
-        while command.reads_unsettled_calls() {
+        while command.is_some_and(Command::reads_unsettled_calls) {
             let unsettled: Vec<String> = state.meta.unsettled.iter().cloned().collect();
             if unsettled.iter().all(|id| state.calls.contains_key(id)) {
                 break;
@@ -417,6 +489,26 @@ impl Engine {
 }
 
 /// The current time, RFC 3339 UTC with milliseconds.
+/// Applies the waiting acknowledgements, oldest first. One whose call
+/// moved on meanwhile (answered, cancelled) records nothing, as it would
+/// have recorded nothing had it come after that. Each keeps the time the
+/// tool answered, unless an event written since is later: a thread's
+/// timestamps never go back.
+fn apply_acks(state: &mut ThreadState, acks: &[acks::Ack]) -> Vec<Event> {
+    let mut events = vec![];
+    for ack in acks {
+        if let Ok(decision) = thread::decide(state, &ack.command()) {
+            let at = ack
+                .at
+                .as_str()
+                .max(state.meta.updated_at.as_str())
+                .to_owned();
+            events.extend(thread::apply(state, &at, decision.changes));
+        }
+    }
+    events
+}
+
 pub fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }

@@ -13,6 +13,10 @@ use crate::thread::Command;
 #[async_trait]
 impl Outcomes for Engine {
     async fn still_wanted(&self, group_id: &str, id: &str) -> Option<u32> {
+        if self.acks.waits_for(group_id, id) {
+            // Acknowledged; the record says so with the thread's next write.
+            return None;
+        }
         match self.store.call(group_id, id).await {
             Ok(Some(call)) => call.awaits_dispatch().then_some(call.attempts),
             Ok(None) => None,
@@ -43,11 +47,24 @@ impl Outcomes for Engine {
         }
     }
 
+    /// Where the store holds writes back, the acknowledgement waits for
+    /// the thread's next command to carry it ([`super::acks`]).
     async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool {
-        let command = Command::DispatchAcked {
+        let ack = super::acks::Ack {
             id: id.into(),
             attempts,
+            at: super::now(),
         };
+        let hold = self.store.hold_back();
+        let ack = if hold.is_zero() {
+            ack
+        } else {
+            match self.acks.wait(group_id, ack, hold) {
+                Ok(()) => return true,
+                Err(ack) => ack,
+            }
+        };
+        let command = ack.command();
         match self.record(group_id, command).await {
             Ok(_) | Err(Error::Rejected(_)) => true,
             Err(e) => {

@@ -21,6 +21,7 @@ impl Engine {
 
     pub async fn call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
         self.check_id("group_id", group_id)?;
+        self.acks_before_read(group_id).await?;
         let call = self.store.call(group_id, id).await?;
         self.durable_read(group_id, call)
             .await?
@@ -29,6 +30,7 @@ impl Engine {
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
         self.check_id("group_id", group_id)?;
+        self.acks_before_read(group_id).await?;
         let thread = self.store.thread(group_id).await?;
         self.durable_read(group_id, thread)
             .await?
@@ -56,6 +58,7 @@ impl Engine {
     /// A thread's calls, oldest first.
     pub async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
         self.check_id("group_id", group_id)?;
+        self.acks_before_read(group_id).await?;
         let calls = self.store.calls(group_id).await?;
         let mut calls = self.durable_read(group_id, calls).await?;
         calls.sort_by_key(|c| c.accepted_seq);
