@@ -414,12 +414,13 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         println!("demo tool listening on {demo}");
     }
     println!("ferry listening on http://{}", running.addr);
-    server.await??;
+    let served = server.await?;
     // Dispatch acknowledgements still waiting for their thread's next
     // command are written now rather than lost (which would only dispatch
-    // their calls again).
+    // their calls again). Workers still dispatching may add more; those
+    // calls are dispatched again after the restart (invariant 4).
     running.engine.record_all_acks().await;
-    Ok(())
+    served
 }
 
 async fn runtime(args: Runtime) -> anyhow::Result<()> {

@@ -73,15 +73,18 @@ impl Acks {
         if !self.sweeping.load(Ordering::Acquire) {
             return Err(ack);
         }
-        self.waiting
-            .lock()
-            .expect("acks lock")
-            .entry(group_id.to_owned())
-            .or_default()
-            .push(ack);
+        let mut waiting = self.waiting.lock().expect("acks lock");
+        waiting.entry(group_id.to_owned()).or_default().push(ack);
+        // Counted under the lock, so the count never runs behind the map
+        // (a sweeper reading it then would skip a thread for good).
         self.count.fetch_add(1, Ordering::AcqRel);
-        let _ = self.due.send((Instant::now() + hold, group_id.to_owned()));
+        drop(waiting);
+        self.due(group_id, hold);
         Ok(())
+    }
+
+    fn due(&self, group_id: &str, hold: std::time::Duration) {
+        let _ = self.due.send((Instant::now() + hold, group_id.to_owned()));
     }
 
     /// Takes the thread's waiting acknowledgements, oldest first.
@@ -89,19 +92,16 @@ impl Acks {
         if self.count.load(Ordering::Acquire) == 0 {
             return vec![];
         }
-        let taken = self
-            .waiting
-            .lock()
-            .expect("acks lock")
-            .remove(group_id)
-            .unwrap_or_default();
+        let mut waiting = self.waiting.lock().expect("acks lock");
+        let taken = waiting.remove(group_id).unwrap_or_default();
         self.count.fetch_sub(taken.len(), Ordering::AcqRel);
         taken
     }
 
     /// Gives back acknowledgements a command took and did not write, ahead
-    /// of any that came since.
-    pub fn restore(&self, group_id: &str, mut acks: Vec<Ack>) {
+    /// of any that came since, due again after `hold` (their first turn
+    /// with the sweeper may be over).
+    pub fn restore(&self, group_id: &str, mut acks: Vec<Ack>, hold: std::time::Duration) {
         if acks.is_empty() {
             return;
         }
@@ -110,6 +110,8 @@ impl Acks {
         self.count.fetch_add(acks.len(), Ordering::AcqRel);
         acks.append(slot);
         *slot = acks;
+        drop(waiting);
+        self.due(group_id, hold);
     }
 
     /// The threads with acknowledgements waiting.
@@ -350,10 +352,18 @@ mod tests {
         let taken = acks.take("g");
         assert_eq!(taken, [ack("a")]);
         acks.wait("g", ack("b"), hold).unwrap();
-        acks.restore("g", taken);
+        acks.restore("g", taken, hold);
         assert_eq!(acks.take("g"), [ack("a"), ack("b")]);
         assert_eq!(acks.take("h"), [ack("x")]);
         assert!(acks.take("g").is_empty());
         assert_eq!(acks.count.load(Ordering::Acquire), 0);
+        // Each wait, and the restore, gave the sweeper a due thread: a
+        // restored acknowledgement is swept again.
+        let mut queue = acks.queue.lock().unwrap().take().unwrap();
+        let mut due = vec![];
+        while let Ok((_, group_id)) = queue.try_recv() {
+            due.push(group_id);
+        }
+        assert_eq!(due, ["g", "h", "g", "g"]);
     }
 }

@@ -288,7 +288,7 @@ impl Engine {
             let mut state = match self.load_for(group_id, command, &acks).await {
                 Ok(state) => state,
                 Err(e) => {
-                    self.acks.restore(group_id, acks);
+                    self.acks.restore(group_id, acks, self.store.hold_back());
                     return Err(e);
                 }
             };
@@ -296,6 +296,12 @@ impl Engine {
             let active_before = state.meta.active_subscriptions.len();
             let mut events = apply_acks(&mut state, &acks);
             let acked = events.len();
+            // After an acknowledgement that kept its tool's later time.
+            let at = if acked > 0 && state.meta.updated_at > at {
+                state.meta.updated_at.clone()
+            } else {
+                at.clone()
+            };
             let decided = match command {
                 Some(command) => thread::decide(&state, command),
                 None => Ok(Decision::nothing(thread::Outcome::Applied)),
@@ -337,7 +343,7 @@ impl Engine {
             drop(guard);
             match written {
                 Err(store::Error::Conflict(_)) => {
-                    self.acks.restore(group_id, acks);
+                    self.acks.restore(group_id, acks, self.store.hold_back());
                     ::metrics::counter!(crate::metrics::WRITE_CONFLICTS).increment(1);
                     tracing::debug!(
                         group_id,
@@ -346,7 +352,7 @@ impl Engine {
                     continue;
                 }
                 Err(store::Error::AlreadyApplied(_)) => {
-                    self.acks.restore(group_id, acks);
+                    self.acks.restore(group_id, acks, self.store.hold_back());
                     // Applied before, by a worker that died before acking
                     // the request: answer as for any repeat, from what the
                     // store holds now.
