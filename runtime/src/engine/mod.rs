@@ -494,7 +494,6 @@ impl Engine {
     }
 }
 
-/// The current time, RFC 3339 UTC with milliseconds.
 /// Applies the waiting acknowledgements, oldest first. One whose call
 /// moved on meanwhile (answered, cancelled) records nothing, as it would
 /// have recorded nothing had it come after that. Each keeps the time the
@@ -515,6 +514,7 @@ fn apply_acks(state: &mut ThreadState, acks: &[acks::Ack]) -> Vec<Event> {
     events
 }
 
+/// The current time, RFC 3339 UTC with milliseconds.
 pub fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
