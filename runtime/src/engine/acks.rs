@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::Engine;
+use super::{Durability, Engine};
 use crate::thread::Command;
 
 /// A tool's acknowledgement of call `id`, at `at`, after `attempts`.
@@ -68,9 +68,10 @@ impl Default for Acks {
 
 impl Acks {
     /// Leaves `ack` for the thread's next command, or for the sweeper once
-    /// `hold` has passed. Returns it when it cannot wait (no sweeper runs).
+    /// `hold` has passed. Returns it when it cannot wait: the store writes
+    /// at once (no `hold`), or no sweeper runs.
     pub fn wait(&self, group_id: &str, ack: Ack, hold: std::time::Duration) -> Result<(), Ack> {
-        if !self.sweeping.load(Ordering::Acquire) {
+        if hold.is_zero() || !self.sweeping.load(Ordering::Acquire) {
             return Err(ack);
         }
         let mut waiting = self.waiting.lock().expect("acks lock");
@@ -122,24 +123,23 @@ impl Acks {
 
     /// Whether any acknowledgement of the thread waits.
     pub fn waits(&self, group_id: &str) -> bool {
-        self.count.load(Ordering::Acquire) > 0
-            && self
-                .waiting
-                .lock()
-                .expect("acks lock")
-                .contains_key(group_id)
+        self.any_of(group_id, |_| true)
     }
 
     /// Whether the acknowledgement of call `id` waits: the call is
     /// dispatched, though its record does not say so yet.
     pub fn waits_for(&self, group_id: &str, id: &str) -> bool {
+        self.any_of(group_id, |ack| ack.id == id)
+    }
+
+    fn any_of(&self, group_id: &str, matches: impl Fn(&Ack) -> bool) -> bool {
         self.count.load(Ordering::Acquire) > 0
             && self
                 .waiting
                 .lock()
                 .expect("acks lock")
                 .get(group_id)
-                .is_some_and(|acks| acks.iter().any(|a| a.id == id))
+                .is_some_and(|acks| acks.iter().any(matches))
     }
 
     /// Starts the sweeper: it records each thread's waiting
@@ -190,7 +190,7 @@ impl Acks {
 /// Records the thread's waiting acknowledgements on their own, flushed at
 /// once: they have waited long enough.
 async fn record(engine: Arc<Engine>, group_id: String) {
-    if let Err(e) = engine.record_acks(&group_id, true).await {
+    if let Err(e) = engine.record_acks(&group_id, Durability::Await).await {
         warn!(group_id, error = %e, "could not record dispatch");
     }
 }

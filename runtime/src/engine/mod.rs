@@ -241,14 +241,8 @@ impl Engine {
             .await
     }
 
-    /// Records the thread's waiting acknowledgements on their own (`wait`:
-    /// returning once they are durable).
-    pub(crate) async fn record_acks(&self, group_id: &str, wait: bool) -> Result<(), Error> {
-        let durability = if wait {
-            Durability::Await
-        } else {
-            Durability::Background
-        };
+    /// Records the thread's waiting acknowledgements on their own.
+    async fn record_acks(&self, group_id: &str, durability: Durability) -> Result<(), Error> {
         self.run(group_id, None, durability, false).await.map(drop)
     }
 
@@ -256,7 +250,7 @@ impl Engine {
     /// state, which then shows a call as dispatched once its tool said so.
     pub(crate) async fn acks_before_read(&self, group_id: &str) -> Result<(), Error> {
         if self.acks.waits(group_id) {
-            self.record_acks(group_id, false).await?;
+            self.record_acks(group_id, Durability::Background).await?;
         }
         Ok(())
     }
@@ -264,7 +258,7 @@ impl Engine {
     /// Records every waiting acknowledgement, durably: for a clean stop.
     pub async fn record_all_acks(&self) {
         for group_id in self.acks.threads() {
-            if let Err(e) = self.record_acks(&group_id, true).await {
+            if let Err(e) = self.record_acks(&group_id, Durability::Await).await {
                 tracing::warn!(group_id, error = %e, "could not record dispatch");
             }
         }

@@ -55,16 +55,10 @@ impl Outcomes for Engine {
             attempts,
             at: super::now(),
         };
-        let hold = self.store.hold_back();
-        let ack = if hold.is_zero() {
-            ack
-        } else {
-            match self.acks.wait(group_id, ack, hold) {
-                Ok(()) => return true,
-                Err(ack) => ack,
-            }
+        let command = match self.acks.wait(group_id, ack, self.store.hold_back()) {
+            Ok(()) => return true,
+            Err(ack) => ack.command(),
         };
-        let command = ack.command();
         match self.record(group_id, command).await {
             Ok(_) | Err(Error::Rejected(_)) => true,
             Err(e) => {
