@@ -24,8 +24,17 @@ const COMPRESSED: u8 = 0xc1;
 /// Values shorter than this are kept as they are: too little to gain.
 const COMPRESS_FROM: usize = 128;
 
+/// What encoding starts with room for: a usual command's commit (600–900
+/// bytes packed) fits.
+const PACKED_CAPACITY: usize = 1024;
+
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let packed = rmp_serde::to_vec_named(value).expect("stored values always serialize");
+    // Sized for a usual commit: growing from rmp_serde's 128 bytes took
+    // three reallocations and copies per commit.
+    let mut packed = Vec::with_capacity(PACKED_CAPACITY);
+    value
+        .serialize(&mut rmp_serde::Serializer::new(&mut packed).with_struct_map())
+        .expect("stored values always serialize");
     if packed.len() < COMPRESS_FROM {
         return packed;
     }
