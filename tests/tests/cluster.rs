@@ -1981,6 +1981,69 @@ async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
     }
 }
 
+/// Writers racing on one thread: nats-server answers the losers with
+/// "wrong last sequence: N" (10071) or, in a cluster while the winner's
+/// commit is still in flight, "wrong last sequence" (10164). Either is a lost
+/// compare-and-set, which the engine decides again; neither may pass
+/// for an outage (a 503 to the tool or agent that asked).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
+    use ferry_proto::api::{Event, EventKind};
+    use ferry_runtime::store::jetstream::JetStreamStore;
+    use ferry_runtime::store::{Error, Store, Write};
+
+    // Replicated, as the second answer is given by a stream's leader.
+    let nats = ferry_tests::NatsCluster::start().await;
+    let mut stores = vec![];
+    let url = nats.nodes[0].url();
+    for _ in 0..8 {
+        // The first waits for the cluster to elect its JetStream leader.
+        let store = eventually(
+            "JetStream in the cluster",
+            Duration::from_secs(30),
+            || async {
+                let client = async_nats::connect(&url).await.ok()?;
+                JetStreamStore::connect(client, Arc::default(), 3, false)
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+        stores.push(store);
+    }
+    let (mut stored, mut lost) = (0, 0);
+    for _ in 0..50 {
+        let writes = stores.iter().map(|store| async move {
+            let mut state = store.load("g", &[]).await.unwrap();
+            let expected_last_seq = state.meta.last_seq;
+            state.meta.last_seq += 1;
+            let events = [Event {
+                seq: state.meta.last_seq,
+                group_id: "g".into(),
+                id: None,
+                at: "2026-11-29T00:00:00.000Z".into(),
+                kind: EventKind::ThreadClosed {},
+            }];
+            let write = Write {
+                expected_last_seq,
+                state: &state,
+                events: &events,
+            };
+            store.write(write).await
+        });
+        for written in join_all(writes).await {
+            match written {
+                Ok(()) => stored += 1,
+                Err(Error::Conflict(_)) => lost += 1,
+                Err(e) => panic!("a lost race taken for another failure: {e}"),
+            }
+        }
+    }
+    assert!(lost > 0, "no writers raced");
+    let thread = stores[0].thread("g").await.unwrap().unwrap();
+    assert_eq!(thread.last_seq, stored);
+}
+
 /// A node reads a thread's tip from the stream when a reader starts to
 /// watch it. If that read fails (here the stream refuses direct gets for
 /// a while), it is tried again until it succeeds: a thread written to no
@@ -2289,17 +2352,19 @@ mod priorities {
             .delete_consumer(streams::CONSUMER)
             .await
             .unwrap();
+        // The worker makes the consumer, then gives it the group: two
+        // steps, so the consumer may be seen between them without it.
         eventually(
-            "the consumer to be made again",
+            "the consumer to be made again with its group",
             Duration::from_secs(20),
             || async {
                 let stream = js.get_stream(WORK_STREAM).await.unwrap();
                 let again: Result<PullConsumer, _> = stream.get_consumer(streams::CONSUMER).await;
-                again.ok().map(|_| ())
+                let mut again = again.ok()?;
+                has_group(again.info().await.ok()?).then_some(())
             },
         )
         .await;
-        assert!(has_group(&consumer(&c.nats, WORK_STREAM).await));
         c.dispatched(&c.a.api(), "g", "c").await;
     }
 

@@ -460,9 +460,7 @@ impl JetStreamStore {
             // Only commits of a request being applied carry a message id.
             Ok(ack) if ack.duplicate => Err(Error::AlreadyApplied(subject)),
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                Err(Error::Conflict(subject))
-            }
+            Err(e) if lost_race(&e) => Err(Error::Conflict(subject)),
             Err(e) => Err(backend(e)),
         }
     }
@@ -567,6 +565,19 @@ async fn read_tips(
     }
     left.extend(threads);
     left
+}
+
+/// Whether a publish lost its compare-and-set. A stream's leader in a
+/// cluster refuses a commit to a subject whose last commit is still in
+/// flight with its own code (10164), which async-nats does not name.
+fn lost_race(e: &jetstream::context::PublishError) -> bool {
+    use std::error::Error as _;
+    e.kind() == PublishErrorKind::WrongLastSequence
+        || e.source()
+            .and_then(|s| s.downcast_ref::<jetstream::Error>())
+            .is_some_and(|e| {
+                e.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            })
 }
 
 /// Moves the thread's tip to its last commit as `read` finds it. False if
