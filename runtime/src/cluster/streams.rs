@@ -129,6 +129,11 @@ fn refused_for_good(e: &stream::ConsumerUpdateError) -> bool {
     let stream::ConsumerUpdateErrorKind::JetStream(e) = e.kind() else {
         return false;
     };
+    // A failure of the server's own (a 500: say, the consumer made again
+    // while its old files are still being removed), not a refusal.
+    if e.code() >= 500 {
+        return false;
+    }
     let passing = [
         ErrorCode::CLUSTER_INCOMPLETE,
         ErrorCode::CLUSTER_NO_PEERS,
