@@ -569,7 +569,8 @@ async fn read_tips(
 
 /// Whether a publish lost its compare-and-set. A stream's leader in a
 /// cluster refuses a commit to a subject whose last commit is still in
-/// flight with its own code (10164), which async-nats does not name.
+/// flight with a code of its own (10164), which async-nats leaves as
+/// `PublishErrorKind::Other`.
 fn lost_race(e: &jetstream::context::PublishError) -> bool {
     use std::error::Error as _;
     e.kind() == PublishErrorKind::WrongLastSequence
