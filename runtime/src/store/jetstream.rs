@@ -525,6 +525,20 @@ fn is_not_found(e: &stream::DirectGetError) -> bool {
     matches!(e.kind(), stream::DirectGetErrorKind::NotFound)
 }
 
+/// Whether a publish lost its compare-and-set. A stream's leader in a
+/// cluster refuses a commit to a subject whose last commit is still in
+/// flight with a code of its own (10164), which async-nats leaves as
+/// `PublishErrorKind::Other`.
+fn lost_race(e: &jetstream::context::PublishError) -> bool {
+    use std::error::Error as _;
+    e.kind() == PublishErrorKind::WrongLastSequence
+        || e.source()
+            .and_then(|s| s.downcast_ref::<jetstream::Error>())
+            .is_some_and(|e| {
+                e.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            })
+}
+
 /// How often a node looks whether its NATS client reconnected, dropped
 /// messages, or failed to read a watched tip.
 const CATCH_UP_CHECK: Duration = Duration::from_secs(1);
@@ -565,20 +579,6 @@ async fn read_tips(
     }
     left.extend(threads);
     left
-}
-
-/// Whether a publish lost its compare-and-set. A stream's leader in a
-/// cluster refuses a commit to a subject whose last commit is still in
-/// flight with a code of its own (10164), which async-nats leaves as
-/// `PublishErrorKind::Other`.
-fn lost_race(e: &jetstream::context::PublishError) -> bool {
-    use std::error::Error as _;
-    e.kind() == PublishErrorKind::WrongLastSequence
-        || e.source()
-            .and_then(|s| s.downcast_ref::<jetstream::Error>())
-            .is_some_and(|e| {
-                e.error_code() == jetstream::ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
-            })
 }
 
 /// Moves the thread's tip to its last commit as `read` finds it. False if
