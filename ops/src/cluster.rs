@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use ferry_runtime::bus::jetstream::JetStreamBus;
 use ferry_runtime::cluster::{outbox::Outbox, pull, relay::Relay, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
@@ -336,12 +335,12 @@ pub async fn start_runtime(
         &options.mcp,
         &options.api_tokens,
     ));
-    let server = tokio::spawn(async move {
-        axum::serve(listener.tap_io(crate::serve::no_delay), app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
-    });
+    let server = tokio::spawn(crate::serve::serve_http(
+        listener,
+        app,
+        engine.clone(),
+        shutdown,
+    ));
     info!(%addr, "ferry runtime listening");
     Ok((
         RunningRuntime {

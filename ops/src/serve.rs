@@ -2,6 +2,7 @@
 //! (sled plus the in-process bus), assembled from the runtime and worker
 //! crates.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -218,15 +219,7 @@ pub async fn start(
             &options.mcp,
             &options.api_tokens,
         ));
-    let server = tokio::spawn(async move {
-        axum::serve(listener.tap_io(no_delay), app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")?;
-        // Everything acknowledged was flushed before it was answered.
-        info!("HTTP intake stopped");
-        Ok(())
-    });
+    let server = tokio::spawn(serve_http(listener, app, engine.clone(), shutdown));
     info!(%addr, %public_url, "ferry listening");
     Ok((
         Running {
@@ -237,6 +230,48 @@ pub async fn start(
         },
         server,
     ))
+}
+
+/// How long a stopping process waits for its open requests once streams
+/// and long waits were told to end: requests still open then (a client
+/// sending its body slowly, say) are cut off. Whatever was acknowledged is
+/// durable already.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `app` until `shutdown` resolves, then stops taking connections,
+/// ends the engine's open streams and long waits (they would hold a
+/// graceful shutdown open for as long as their agents stay), and waits up
+/// to [`DRAIN`] for the requests still running.
+pub(crate) async fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    engine: Arc<Engine>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        info!("stopping: open streams and long waits end now");
+        engine.stop_readers();
+        let _ = stopping.send(());
+    };
+    let serving = axum::serve(listener.tap_io(no_delay), app)
+        .with_graceful_shutdown(shutdown)
+        .into_future();
+    let drained = async {
+        if stopped.await.is_ok() {
+            tokio::time::sleep(DRAIN).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = serving => served.context("serving HTTP")?,
+        () = drained => warn!(drain = ?DRAIN, "requests still open after the drain; stopping anyway"),
+    }
+    // Everything acknowledged was flushed before it was answered.
+    info!("HTTP intake stopped");
+    Ok(())
 }
 
 /// Sends small writes (an SSE frame, a short answer) at once: with Nagle's

@@ -244,6 +244,28 @@ impl Ferry {
         }
     }
 
+    /// SIGTERM, as an operator or a supervisor stops Ferry; returns how the
+    /// process exited, or `None` if it still runs after `within` (it is
+    /// then killed with the rest at drop).
+    pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut().expect("ferry is running");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = tokio::time::Instant::now() + within;
+        // An exit is not an event this process can await: poll for it.
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = child.try_wait().expect("polling ferry") {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// Sets `flag`'s value for the next (re)start, in place of one given
     /// before.
     pub fn set_option(&mut self, flag: &str, value: &str) {

@@ -53,6 +53,23 @@ impl SseReader {
             .expect("no event on the stream")
     }
 
+    /// Reads until the stream's body ends, which it must do cleanly (not
+    /// break off) and without another event first.
+    pub async fn expect_end(&mut self) {
+        let end = async {
+            while let Some(chunk) = self.body.next().await {
+                let chunk = chunk.unwrap_or_else(|e| panic!("the stream broke off: {e}"));
+                self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), end)
+            .await
+            .expect("the stream did not end");
+        let rest = String::from_utf8(std::mem::take(&mut self.buf)).unwrap();
+        let events: Vec<_> = rest.split("\n\n").filter_map(parse_block).collect();
+        assert!(events.is_empty(), "events before the end: {events:?}");
+    }
+
     async fn read(&mut self) -> Sse {
         loop {
             while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {

@@ -673,3 +673,34 @@ async fn thread_metadata_reports_progress_and_ancestors() {
 
     refused(&api.thread("unknown").await, 404, "not_found");
 }
+
+/// SIGTERM stops `ferry serve` while agents follow its threads: the native
+/// and the ACP streams end cleanly (an agent reconnects with its
+/// `Last-Event-ID`) instead of holding the graceful shutdown open, Ferry
+/// exits 0, and a call still out at the stop completes after the restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_open_streams_and_ferry_exits() {
+    let (tool, mut ferry) = setup().await;
+    let api = ferry.api();
+    let mut native = SseReader::open(&api, "/v1/threads/g/stream", None).await;
+    let mut acp = SseReader::open(&api, "/v1/threads/g/acp", None).await;
+    let invocation = dispatched(&api, &tool, "g", "c1").await;
+    assert_sse(&native.next().await, 1, "call_accepted");
+    assert_sse(&native.next().await, 2, "call_dispatched");
+    for seq in ["1", "2"] {
+        assert_eq!(acp.next().await.id.as_deref(), Some(seq));
+    }
+
+    let exited = ferry.terminate(Duration::from_secs(60)).await;
+    let status = exited.expect("ferry still runs a minute after SIGTERM");
+    assert!(status.success(), "{status}");
+    // Ended, not broken off (as they would be by the process exiting).
+    native.expect_end().await;
+    acp.expect_end().await;
+
+    ferry.restart().await;
+    let api = ferry.api();
+    let mut resumed = SseReader::open(&api, "/v1/threads/g/stream", Some("2")).await;
+    send_result(&api, &invocation, "after the stop").await;
+    assert_sse(&resumed.next().await, 3, "tool_result");
+}

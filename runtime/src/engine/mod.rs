@@ -16,6 +16,7 @@ mod outcomes;
 pub(crate) mod reads;
 mod recovery;
 pub mod requests;
+pub(crate) mod stopping;
 mod toolsets;
 mod turns;
 
@@ -153,6 +154,9 @@ pub struct Engine {
     /// Dispatch acknowledgements waiting to ride with their thread's next
     /// command.
     acks: acks::Acks,
+    /// Set when the process stops: open streams and long waits end
+    /// (`stopping.rs`).
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -191,6 +195,7 @@ impl Engine {
             toolset_writes: Default::default(),
             armed: Default::default(),
             acks: Default::default(),
+            stopping: tokio::sync::watch::Sender::new(false),
         }
     }
 

@@ -75,23 +75,32 @@ impl Engine {
         wait: Duration,
     ) -> Result<Vec<Event>, Error> {
         self.check_id("group_id", group_id)?;
-        if wait.is_zero() {
+        // A stopping process waits for nothing new.
+        if wait.is_zero() || self.readers_stopped() {
             return Ok(self.store.events(group_id, after, limit).await?);
         }
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
         let read = || self.store.events(group_id, after, limit);
-        match tokio::time::timeout(wait, next_page(after, &mut tip, false, limit, read)).await {
+        let page = next_page(after, &mut tip, false, limit, read);
+        // A stopping process answers what there is: nothing yet.
+        let page = tokio::select! {
+            biased;
+            page = tokio::time::timeout(wait, page) => page,
+            () = self.readers_stop() => return Ok(vec![]),
+        };
+        match page {
             Ok(Ok(Some(page))) => Ok(page.events),
             Ok(Ok(None)) | Err(_) => Ok(vec![]),
             Ok(Err(e)) => Err(e.into()),
         }
     }
 
-    /// Reads the call until `done` holds for it or `wait` passes, re-reading
-    /// after every new durable event of its thread; returns the call as last
-    /// read. The protocol fronts (MCP, OXP) use it to answer with a result.
+    /// Reads the call until `done` holds for it or `wait` passes (or the
+    /// process stops: [`Engine::stop_readers`]), re-reading after every new
+    /// durable event of its thread; returns the call as last read. The
+    /// protocol fronts (MCP, OXP) use it to answer with a result.
     pub async fn wait_for_call(
         &self,
         group_id: &str,
@@ -109,7 +118,12 @@ impl Engine {
             if done(&call) {
                 return Ok(call);
             }
-            match tokio::time::timeout_at(deadline, tip.changed()).await {
+            let changed = tokio::select! {
+                biased;
+                changed = tokio::time::timeout_at(deadline, tip.changed()) => changed,
+                () = self.readers_stop() => return Ok(call),
+            };
+            match changed {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => return Ok(call),
             }

@@ -235,14 +235,16 @@ const UNAVAILABLE_MOST: Duration = Duration::from_secs(5);
 
 /// The thread's durable events after `after`, then each new one as it
 /// becomes durable, read a page at a time; while the store is unavailable
-/// it waits and reads again, and it ends on any other failed read. Both
-/// SSE views of a thread (native events, ACP messages) follow it.
+/// it waits and reads again, and it ends on any other failed read, or when
+/// the process stops ([`Engine::stop_readers`]). Both SSE views of a thread
+/// (native events, ACP messages) follow it.
 pub(crate) fn follow(
     engine: Arc<Engine>,
     group_id: String,
     after: u64,
 ) -> Result<impl Stream<Item = Event>, ApiError> {
     let tip = engine.watch(&group_id)?;
+    let stop = engine.readers_stop();
     let pages = stream::unfold((after, tip, false), move |(cursor, mut tip, mut at_tip)| {
         let engine = engine.clone();
         let group_id = group_id.clone();
@@ -280,7 +282,7 @@ pub(crate) fn follow(
             }
         }
     });
-    Ok(pages.flat_map(stream::iter))
+    Ok(pages.flat_map(stream::iter).take_until(stop))
 }
 
 fn to_sse(event: Event) -> Result<SseEvent, Infallible> {

@@ -11,6 +11,9 @@ pub const INVALID_PARAMS: i64 = -32602;
 pub const INTERNAL_ERROR: i64 = -32603;
 /// The `Mcp-Session-Id` names no live session (the SDKs' convention).
 pub const SESSION_NOT_FOUND: i64 = -32001;
+/// A server error (JSON-RPC's implementation-defined range): Ferry is
+/// stopping, and a call it was waiting on for the client goes on.
+pub const SERVER_STOPPING: i64 = -32000;
 /// 2026-07-28: the routing headers disagree with the body.
 pub const HEADER_MISMATCH: i64 = -32020;
 /// 2026-07-28: the request's protocol version is not served here.

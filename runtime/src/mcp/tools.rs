@@ -345,7 +345,8 @@ fn describe(call: &CallRecord) -> String {
 /// Waits for the call's answer, as long as it takes (no protocol timeout).
 /// With a progress token and a stream to the client, reports each change of
 /// the call's state and a heartbeat; gives up waiting (not the call) when
-/// the client's stream closes (`Ok(None)`).
+/// the client's stream closes (`Ok(None)`), or with an error naming the
+/// call when Ferry stops.
 #[instrument(skip_all, fields(group_id = ?call.group_id, call_id = ?call.id))]
 pub async fn wait(
     engine: &Engine,
@@ -370,6 +371,9 @@ pub async fn wait(
         if settled(&record) {
             return Ok(Some(record));
         }
+        if engine.readers_stopped() {
+            return Err(stopping(call));
+        }
         if let (Some(token), Some(tx)) = (token, stream) {
             step += 1;
             let note = jsonrpc::notification(
@@ -382,6 +386,20 @@ pub async fn wait(
         }
         last = Some(record.status);
     }
+}
+
+/// The answer to a wait cut short by Ferry stopping: the call goes on, and
+/// the error says where its result will be.
+fn stopping(call: &Accepted) -> RpcError {
+    RpcError::new(
+        jsonrpc::SERVER_STOPPING,
+        format!(
+            "Ferry is stopping; call {:?} goes on, and its result will be in thread {:?} \
+             once Ferry is back",
+            call.id, call.group_id
+        ),
+    )
+    .with_data(json!({"group_id": call.group_id, "id": call.id}))
 }
 
 /// The `CallToolResult` of a settled call: its content (text, and image
@@ -420,4 +438,33 @@ pub fn result(call: &CallRecord, group_id: &str) -> Value {
         "isError": is_error,
         "_meta": {GROUP_ID_META: group_id, CALL_ID_META: call.id},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROMPTLY: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn an_mcp_wait_on_a_call_ends_with_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = crate::engine::stopping::tests::queued(dir.path()).await;
+        engine.stop_readers();
+        let accepted = Accepted {
+            group_id: "g".into(),
+            id: "c1".into(),
+        };
+        let waited = wait(&engine, &accepted, None, None);
+        let error = tokio::time::timeout(PROMPTLY, waited)
+            .await
+            .expect("answered at once")
+            .expect_err("an error, not a result");
+        assert_eq!(error.code, jsonrpc::SERVER_STOPPING);
+        assert!(error.message.contains("\"c1\""), "{}", error.message);
+        assert_eq!(
+            error.data,
+            Some(serde_json::json!({"group_id": "g", "id": "c1"}))
+        );
+    }
 }
