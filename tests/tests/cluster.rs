@@ -2414,3 +2414,24 @@ mod priorities {
         }
     }
 }
+
+/// A runtime node stops on SIGTERM while an agent follows a thread on it:
+/// the stream ends cleanly, the node exits 0, and the other node serves
+/// the thread on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_node_stops_on_sigterm_with_a_stream_open() {
+    let mut cluster = Cluster::start(1).await;
+    let (a, b) = (cluster.a.api(), cluster.b.api());
+    let mut stream = SseReader::open(&b, "/v1/threads/g/stream", None).await;
+    cluster.dispatched(&a, "g", "c1").await;
+    for kind in ["call_accepted", "call_dispatched"] {
+        assert_eq!(stream.next().await.event.as_deref(), Some(kind));
+    }
+
+    let exited = cluster.b.terminate(Duration::from_secs(60)).await;
+    let status = exited.expect("the node still runs a minute after SIGTERM");
+    assert!(status.success(), "{status}");
+    stream.expect_end().await;
+    let (status, call) = a.get("/v1/threads/g/calls/c1").await;
+    assert_eq!((status, &call["status"]), (200, &json!("dispatched")));
+}
