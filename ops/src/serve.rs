@@ -248,23 +248,22 @@ pub(crate) async fn serve_http(
     engine: Arc<Engine>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    // The drain's clock starts when the readers are told to stop.
+    let drained = {
+        let stopped = engine.readers_stop();
+        async move {
+            stopped.await;
+            tokio::time::sleep(DRAIN).await;
+        }
+    };
     let shutdown = async move {
         shutdown.await;
         info!("stopping: open streams and long waits end now");
         engine.stop_readers();
-        let _ = stopping.send(());
     };
     let serving = axum::serve(listener.tap_io(no_delay), app)
         .with_graceful_shutdown(shutdown)
         .into_future();
-    let drained = async {
-        if stopped.await.is_ok() {
-            tokio::time::sleep(DRAIN).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
     tokio::select! {
         served = serving => served.context("serving HTTP")?,
         () = drained => warn!(drain = ?DRAIN, "requests still open after the drain; stopping anyway"),

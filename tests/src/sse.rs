@@ -58,8 +58,7 @@ impl SseReader {
     pub async fn expect_end(&mut self) {
         let end = async {
             while let Some(chunk) = self.body.next().await {
-                let chunk = chunk.unwrap_or_else(|e| panic!("the stream broke off: {e}"));
-                self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
+                self.take(chunk.unwrap_or_else(|e| panic!("the stream broke off: {e}")));
             }
         };
         tokio::time::timeout(Duration::from_secs(20), end)
@@ -84,8 +83,13 @@ impl SseReader {
                 .await
                 .expect("the stream ended")
                 .expect("stream error");
-            self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
+            self.take(chunk);
         }
+    }
+
+    /// Buffers a chunk of the body, its line ends as `\n`.
+    fn take(&mut self, chunk: Vec<u8>) {
+        self.buf.extend(chunk.into_iter().filter(|b| *b != b'\r'));
     }
 }
 
