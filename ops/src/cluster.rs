@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_runtime::bus::jetstream::JetStreamBus;
+use ferry_runtime::cluster::stop::{Phase, Stop};
 use ferry_runtime::cluster::{outbox::Outbox, pull, relay::Relay, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
@@ -64,6 +65,9 @@ pub struct WorkerOptions {
     pub priority: Option<u8>,
     /// Takes the consumers' priority group away at start.
     pub drop_priority_group: bool,
+    /// How long a stopping worker goes on with what is under way before it
+    /// hands that back too ([`ferry_runtime::cluster::stop`]).
+    pub drain: Duration,
 }
 
 /// Connects to NATS; afterwards the client reconnects on its own, forever.
@@ -367,8 +371,14 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-/// Runs a worker until its consumers end.
-pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
+/// Runs a worker until `shutdown` resolves; then it drains
+/// ([`ferry_runtime::cluster::stop`]): it takes no more work, finishes
+/// what is under way for up to `options.drain`, hands back the rest, and
+/// returns.
+pub async fn run_worker(
+    options: WorkerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let (client, events) = connect(&options.cluster.nats, true).await?;
     let public_url = options
         .cluster
@@ -397,10 +407,8 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
             }
         }
     });
-    let dispatcher = Worker::new(
-        Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone()),
-        engine.clone(),
-    );
+    let dispatcher = Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone());
+    let worker = Worker::new(dispatcher.clone(), engine.clone());
     // Bind the consumers before saying so: work published from now on is
     // taken even if this worker is the first.
     let change = match (options.priority, options.drop_priority_group) {
@@ -414,9 +422,27 @@ pub async fn run_worker(options: WorkerOptions) -> anyhow::Result<()> {
     let work = pull::Puller::bind(client.clone(), streams::WORK_STREAM, change, priority).await;
     info!(priority, "ferry worker consuming");
     println!("ferry worker ready");
-    tokio::join!(
-        worker::apply_requests(engine, client, requests, options.concurrency),
-        worker::dispatch_work(dispatcher, work, options.dispatch.max_in_flight),
-    );
+    let stop = Stop::default();
+    let consuming = async {
+        tokio::join!(
+            worker::apply_requests(engine, client, requests, options.concurrency, stop.clone()),
+            worker::dispatch_work(worker, work, options.dispatch.max_in_flight, stop.clone()),
+        )
+    };
+    let stopping = async {
+        shutdown.await;
+        info!(drain = ?options.drain, "stopping: taking no more work");
+        stop.enter(Phase::Draining);
+        dispatcher.stop();
+        tokio::time::sleep(options.drain).await;
+        warn!(drain = ?options.drain, "work still under way after the drain; handing it back");
+        stop.enter(Phase::GivingUp);
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        _ = consuming => {}
+        () = stopping => {}
+    }
+    info!("ferry worker stopped");
     Ok(())
 }

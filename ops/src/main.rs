@@ -334,6 +334,13 @@ struct WorkerArgs {
     /// its dispatch metrics live in its process). None when not given.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// On SIGTERM or Ctrl-C the worker takes no more work and hands back
+    /// what only waits (for a slot, or out a retry's backoff); for up to
+    /// this long it finishes what is under way (requests being applied,
+    /// dispatch attempts waiting for the tool's answer), then hands back
+    /// the rest and exits.
+    #[arg(long, default_value_t = 10_000, env = "FERRY_DRAIN_MS")]
+    drain_ms: u64,
 }
 
 #[tokio::main]
@@ -363,13 +370,17 @@ async fn main() -> anyhow::Result<()> {
             if let Some(listen) = args.metrics_listen {
                 serve_metrics(listen).await?;
             }
-            ferry_ops::cluster::run_worker(WorkerOptions {
-                dispatch: args.dispatch.config()?,
-                cluster: args.cluster.options(),
-                concurrency: args.concurrency,
-                priority: args.priority,
-                drop_priority_group: args.drop_priority_group,
-            })
+            ferry_ops::cluster::run_worker(
+                WorkerOptions {
+                    dispatch: args.dispatch.config()?,
+                    cluster: args.cluster.options(),
+                    concurrency: args.concurrency,
+                    priority: args.priority,
+                    drop_priority_group: args.drop_priority_group,
+                    drain: Duration::from_millis(args.drain_ms),
+                },
+                shutdown_signal(),
+            )
             .await
         }
         Command::Bench(args) => ferry_ops::bench::main(args).await,

@@ -85,6 +85,25 @@ impl FerryWorker {
         }
     }
 
+    /// Sends SIGTERM, as a supervisor stopping the worker does; see
+    /// [`FerryWorker::exited`].
+    pub fn sigterm(&self) {
+        crate::ferry::sigterm(self.child.as_ref().expect("the worker runs"));
+    }
+
+    /// How the worker exited, once it has; `None` if it still runs after
+    /// `within`.
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        crate::ferry::exit_within(&mut self.child, within).await
+    }
+
+    /// Whether the process is still running (it has not exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
     pub async fn restart(&mut self) {
         self.kill9();
         self.spawn().await;

@@ -248,22 +248,8 @@ impl Ferry {
     /// process exited, or `None` if it still runs after `within` (it is
     /// then killed with the rest at drop).
     pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let child = self.child.as_mut().expect("ferry is running");
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("running kill");
-        assert!(sent.success(), "kill -TERM failed");
-        let deadline = tokio::time::Instant::now() + within;
-        // An exit is not an event this process can await: poll for it.
-        while tokio::time::Instant::now() < deadline {
-            if let Some(status) = child.try_wait().expect("polling ferry") {
-                self.child = None;
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        None
+        sigterm(self.child.as_ref().expect("ferry is running"));
+        exit_within(&mut self.child, within).await
     }
 
     /// Sets `flag`'s value for the next (re)start, in place of one given
@@ -292,6 +278,34 @@ impl Drop for Ferry {
 
 /// `ferry ARGS` as an operator command against the Ferry at `url`, with
 /// none of this environment's `FERRY_*` settings; stdout and stderr piped.
+/// Sends SIGTERM to `child`, as an operator or a supervisor stops it.
+pub(crate) fn sigterm(child: &Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(sent.success(), "kill -TERM failed");
+}
+
+/// How `child` exited, once it has, taking it; `None` if it still runs
+/// after `within`.
+pub(crate) async fn exit_within(
+    child: &mut Option<Child>,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = tokio::time::Instant::now() + within;
+    // An exit is not an event this process can await: poll for it.
+    while tokio::time::Instant::now() < deadline {
+        let running = child.as_mut()?;
+        if let Some(status) = running.try_wait().expect("polling the process") {
+            *child = None;
+            return Some(status);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 pub fn cli(url: &str, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(binary());
     command

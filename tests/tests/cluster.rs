@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{Info, PullConsumer};
+use ferry_runtime::cluster::streams::{self, INBOX_STREAM, WORK_STREAM};
 use ferry_tests::api::seg;
 use ferry_tests::sse::SseReader;
 use ferry_tests::{eventually, Api, Ferry, FerryOptions, FerryWorker, Nats, TestTool};
@@ -2122,26 +2124,24 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
 
 /// Worker priorities (`ferry worker --priority`): the shared consumers,
 /// as NATS reports them, and what a worker says it dispatched.
+/// The consumer all workers share on `stream`, on a client of its own.
+async fn shared(nats: &Nats, stream: &str) -> PullConsumer {
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.get_stream(stream)
+        .await
+        .unwrap()
+        .get_consumer(streams::CONSUMER)
+        .await
+        .unwrap()
+}
+
+/// What NATS says of the consumer all workers share on `stream`.
+async fn consumer(nats: &Nats, stream: &str) -> Info {
+    shared(nats, stream).await.info().await.unwrap().clone()
+}
+
 mod priorities {
     use super::*;
-    use async_nats::jetstream::consumer::{Info, PullConsumer};
-    use ferry_runtime::cluster::streams::{self, INBOX_STREAM, WORK_STREAM};
-
-    /// The consumer all workers share on `stream`, on a client of its own.
-    async fn shared(nats: &Nats, stream: &str) -> PullConsumer {
-        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-        js.get_stream(stream)
-            .await
-            .unwrap()
-            .get_consumer(streams::CONSUMER)
-            .await
-            .unwrap()
-    }
-
-    /// What NATS says of the consumer all workers share on `stream`.
-    async fn consumer(nats: &Nats, stream: &str) -> Info {
-        shared(nats, stream).await.info().await.unwrap().clone()
-    }
 
     fn has_group(info: &Info) -> bool {
         info.config.priority_groups == [streams::PRIORITY_GROUP]
@@ -2434,4 +2434,164 @@ async fn a_runtime_node_stops_on_sigterm_with_a_stream_open() {
     stream.expect_end().await;
     let (status, call) = a.get("/v1/threads/g/calls/c1").await;
     assert_eq!((status, &call["status"]), (200, &json!("dispatched")));
+}
+
+/// `ferry worker` on SIGTERM (a rolling restart): it takes no more work,
+/// finishes the dispatch attempts it has under way (for up to
+/// `--drain-ms`), hands the rest back for another worker to take at once,
+/// and exits 0. What a worker hands back, NATS reports as a nak advisory.
+mod stopping_workers {
+    use super::*;
+    use async_nats::Subscriber;
+    use ferry_tests::Ack;
+    use futures::StreamExt;
+
+    /// NATS's advisories of dispatch work handed back (naked).
+    async fn naks(nats: &Nats) -> Subscriber {
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.{WORK_STREAM}.>");
+        let naks = client.subscribe(subject).await.unwrap();
+        // Subscribed at the server before anything is handed back.
+        client.flush().await.unwrap();
+        naks
+    }
+
+    /// The next nak advisory (`io.nats.jetstream.advisory.v1.nak`).
+    async fn next_nak(naks: &mut Subscriber) -> Value {
+        let advisory = tokio::time::timeout(Duration::from_secs(60), naks.next())
+            .await
+            .expect("nothing was handed back within a minute")
+            .expect("the advisories' subscription ended");
+        let advisory: Value = serde_json::from_slice(&advisory.payload).unwrap();
+        assert_eq!(advisory["type"], "io.nats.jetstream.advisory.v1.nak");
+        advisory
+    }
+
+    /// Waits until neither shared consumer has a pull waiting (NATS drops a
+    /// pull whose inbox nobody listens to any more).
+    async fn no_pulls(nats: &Nats) {
+        eventually("the pulls to end", Duration::from_secs(20), || async {
+            let inbox = consumer(nats, INBOX_STREAM).await.num_waiting;
+            let work = consumer(nats, WORK_STREAM).await.num_waiting;
+            (inbox == 0 && work == 0).then_some(())
+        })
+        .await;
+    }
+
+    async fn submit(api: &Api, g: &str) {
+        let call = json!({"operation": "op", "arguments": {}, "group_id": g, "id": "c"});
+        let (status, body) = api.submit(call).await;
+        assert_eq!(status, 202, "{body}");
+    }
+
+    async fn call(api: &Api, g: &str) -> Value {
+        let (status, call) = api.call(g, "c").await;
+        assert_eq!(status, 200, "{call}");
+        call
+    }
+
+    /// One attempt in flight at most: the first call waits at the tool for
+    /// its 200, the second waits in the worker's hand for the slot. On
+    /// SIGTERM the worker ends its pulls and hands the second back at once,
+    /// and it stays until the tool answers the first, records that
+    /// dispatch, and exits 0. The next worker takes the second call.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stopping_worker_finishes_the_dispatch_under_way_and_hands_back_the_rest() {
+        let c = Cluster::start(0).await;
+        let mut worker =
+            FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--max-in-flight", "1"]).await;
+        c.tool.plan(&[Ack::Held]);
+        let a = c.a.api();
+        submit(&a, "first").await;
+        let sent = c.tool.next_invocation().await.invocation;
+        assert_eq!(sent.group_id, "first");
+        submit(&a, "second").await;
+        eventually("both calls in hand", Duration::from_secs(20), || async {
+            (consumer(&c.nats, WORK_STREAM).await.num_ack_pending == 2).then_some(())
+        })
+        .await;
+        let mut naks = naks(&c.nats).await;
+
+        worker.sigterm();
+        // The second call, waiting for the slot, is handed back at once.
+        let nak = next_nak(&mut naks).await;
+        assert_eq!(nak["deliveries"], 1, "{nak}");
+        no_pulls(&c.nats).await;
+        // The first call's attempt still waits for the tool.
+        assert!(worker.is_running(), "the worker left its dispatch");
+        c.tool.release();
+        let status = worker.exited(Duration::from_secs(60)).await;
+        let status = status.expect("the worker still runs a minute after SIGTERM");
+        assert!(status.success(), "{status}");
+
+        let first = call(&a, "first").await;
+        assert_eq!(first["status"], "dispatched", "{first}");
+        assert_eq!(first["attempts"], 1, "{first}");
+        // Never sent: the stopping worker did not start it.
+        assert_eq!(call(&a, "second").await["status"], "queued");
+
+        let _next = FerryWorker::start(&c.nats.url(), &c.a.url).await;
+        let sent = c.tool.next_invocation().await.invocation;
+        assert_eq!(sent.group_id, "second");
+        a.wait_for("second", "c", "call_dispatched").await;
+        assert_eq!(c.tool.invocations().len(), 2, "the first was sent once");
+    }
+
+    /// A dispatch that outlasts the drain (a tool that never answers) is
+    /// handed back when the drain ends, and the worker exits 0; the next
+    /// worker sends the call again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_dispatch_that_outlasts_the_drain_is_handed_back() {
+        let c = Cluster::start(0).await;
+        let mut worker = FerryWorker::start_with(
+            &c.nats.url(),
+            &c.a.url,
+            &["--drain-ms", "300", "--ack-timeout-ms", "600000"],
+        )
+        .await;
+        c.tool.plan(&[Ack::Hang]);
+        let a = c.a.api();
+        submit(&a, "g").await;
+        c.tool.next_invocation().await;
+        let mut naks = naks(&c.nats).await;
+
+        worker.sigterm();
+        let status = worker.exited(Duration::from_secs(60)).await;
+        let status = status.expect("the worker still runs a minute after SIGTERM");
+        assert!(status.success(), "{status}");
+        // Handed back as it gave up, not left to the ack deadline.
+        let nak = next_nak(&mut naks).await;
+        assert_eq!(nak["deliveries"], 1, "{nak}");
+        assert_eq!(call(&a, "g").await["status"], "queued");
+
+        let _next = FerryWorker::start(&c.nats.url(), &c.a.url).await;
+        let again = c.tool.next_invocation().await.invocation;
+        assert_eq!((again.group_id.as_str(), again.id.as_str()), ("g", "c"));
+        a.wait_for("g", "c", "call_dispatched").await;
+    }
+
+    /// `--drain-ms` takes a number of milliseconds, nothing else.
+    #[test]
+    fn a_bad_drain_is_refused_at_start() {
+        let worker = [
+            "worker",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--public-url",
+            "http://127.0.0.1:1",
+            "--secret",
+            ferry_tests::TEST_SECRET,
+        ];
+        for (drain, says) in [
+            ("-1", "unexpected argument"),
+            ("10s", "invalid digit"),
+            ("soon", "invalid digit"),
+            ("", "--drain-ms"),
+        ] {
+            let (status, stderr) =
+                ferry_tests::ferry::refused(&[&worker[..], &["--drain-ms", drain]].concat());
+            assert_eq!(status.code(), Some(2), "{drain:?}: {stderr}");
+            assert!(stderr.contains(says), "{drain:?}: {stderr}");
+        }
+    }
 }

@@ -18,7 +18,7 @@ use backoff::ExponentialBackoffBuilder;
 use ferry_proto::Invocation;
 use reqwest::{header::RETRY_AFTER, StatusCode, Url};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
 use crate::metrics::record_attempt;
 use crate::Outcomes;
@@ -85,6 +85,11 @@ pub enum Failure {
     /// The call was cancelled or answered meanwhile; nothing to record.
     #[error("the call no longer waits for dispatch")]
     NotWanted { attempts: u32 },
+    /// The worker is stopping ([`Dispatcher::stop`]) and the call was only
+    /// waiting (for a free slot, or out a backoff): it is for another
+    /// worker to dispatch; nothing to record.
+    #[error("the worker stopped before the call was dispatched")]
+    Stopped { attempts: u32 },
 }
 
 impl Failure {
@@ -94,7 +99,8 @@ impl Failure {
             | Failure::Unreachable { attempts }
             | Failure::Exhausted { attempts, .. }
             | Failure::OutOfAttempts { attempts }
-            | Failure::NotWanted { attempts } => *attempts,
+            | Failure::NotWanted { attempts }
+            | Failure::Stopped { attempts } => *attempts,
         }
     }
 
@@ -104,6 +110,7 @@ impl Failure {
             Failure::Unreachable { .. } => "unreachable",
             Failure::Exhausted { .. } | Failure::OutOfAttempts { .. } => "exhausted",
             Failure::NotWanted { .. } => "not_wanted",
+            Failure::Stopped { .. } => "handed_back",
         }
     }
 }
@@ -177,13 +184,16 @@ where
     }
 }
 
-/// Sends invocations; cheap to clone (clones share the in-flight bound).
+/// Sends invocations; cheap to clone (clones share the in-flight bound
+/// and the stop).
 #[derive(Clone)]
 pub struct Dispatcher {
     client: reqwest::Client,
     config: DispatchConfig,
     in_flight: Arc<Semaphore>,
     endpoints: Arc<Endpoints>,
+    /// Raised by [`Dispatcher::stop`].
+    stopping: Arc<watch::Sender<bool>>,
 }
 
 /// Tool endpoints, each parsed once: a process sends to few of them, and
@@ -218,7 +228,24 @@ impl Dispatcher {
             config,
             in_flight,
             endpoints: Arc::default(),
+            stopping: Arc::new(watch::Sender::new(false)),
         }
+    }
+
+    /// Starts no attempt from now on: a dispatch waiting for a free slot or
+    /// out a backoff ends at once with [`Failure::Stopped`], so that its
+    /// work goes to another worker now rather than when this one is gone.
+    /// Attempts already sent run to their end: the tool has the call, and
+    /// its answer saves sending it again.
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once [`Dispatcher::stop`] was called.
+    async fn stopped(&self) {
+        let mut stopping = self.stopping.subscribe();
+        // The sender lives as long as `self`.
+        let _ = stopping.wait_for(|stopping| *stopping).await;
     }
 
     async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
@@ -274,7 +301,11 @@ impl Dispatcher {
             let wait = {
                 // Taken before asking: the wait for a slot may be long, and
                 // a call cancelled meanwhile must not be sent.
-                let _slot = self.in_flight.acquire().await.expect("never closed");
+                let _slot = tokio::select! {
+                    biased;
+                    () = self.stopped() => return Err(Failure::Stopped { attempts }),
+                    slot = self.in_flight.acquire() => slot.expect("never closed"),
+                };
                 match outcomes.still_wanted(group_id, id).await {
                     None => return Err(Failure::NotWanted { attempts }),
                     Some(recorded) => attempts = attempts.max(recorded),
@@ -325,7 +356,12 @@ impl Dispatcher {
                     .await;
                 wait
             };
-            if !wait_while_wanted(wait, &wanted).await {
+            let still = tokio::select! {
+                biased;
+                () = self.stopped() => return Err(Failure::Stopped { attempts }),
+                still = wait_while_wanted(wait, &wanted) => still,
+            };
+            if !still {
                 return Err(Failure::NotWanted { attempts });
             }
         }
@@ -450,6 +486,63 @@ mod tests {
             .await;
         assert_eq!(failed, Err(Failure::OutOfAttempts { attempts: 4 }));
         assert!(failed.unwrap_err().to_string().starts_with("Error: "));
+    }
+
+    /// A call whose every attempt fails; it says when the first did.
+    struct Failing(tokio::sync::Notify);
+
+    #[async_trait::async_trait]
+    impl Outcomes for Failing {
+        async fn still_wanted(&self, _: &str, _: &str) -> Option<u32> {
+            Some(0)
+        }
+        async fn retrying(&self, _: &str, _: &str, _: u32, _: String, _: Duration) {
+            self.0.notify_one();
+        }
+        async fn acknowledged(&self, _: &str, _: &str, _: u32) -> bool {
+            unreachable!()
+        }
+        async fn gave_up(&self, _: &str, _: &str, _: u32, _: String) -> bool {
+            unreachable!()
+        }
+    }
+
+    /// A stopped dispatcher starts no attempt: a dispatch waiting out its
+    /// backoff ends at once, and so does one begun after the stop.
+    #[tokio::test]
+    async fn a_stopped_dispatcher_hands_back_what_only_waits() {
+        let config = DispatchConfig {
+            initial_backoff: Duration::from_secs(3600),
+            max_backoff: Duration::from_secs(3600),
+            ..DispatchConfig::default()
+        };
+        let dispatcher = Dispatcher::new(reqwest::Client::new(), config);
+        let invocation: Invocation = serde_json::from_value(serde_json::json!({
+            "operation": "op", "arguments": {}, "group_id": "g", "id": "c",
+            "callback_url": "http://127.0.0.1:9/cb",
+        }))
+        .unwrap();
+        let outcomes = Arc::new(Failing(tokio::sync::Notify::new()));
+        // Port 9 refuses connections: the first attempt fails, and the
+        // next would follow in an hour.
+        let waiting = tokio::spawn({
+            let (dispatcher, outcomes) = (dispatcher.clone(), outcomes.clone());
+            let invocation = invocation.clone();
+            async move {
+                dispatcher
+                    .dispatch("http://127.0.0.1:9/invoke", &invocation, outcomes.as_ref())
+                    .await
+            }
+        });
+        outcomes.0.notified().await;
+        dispatcher.stop();
+        let ended = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+        let ended = ended.expect("the backoff ends with the stop").unwrap();
+        assert_eq!(ended, Err(Failure::Stopped { attempts: 1 }));
+        let later = dispatcher
+            .dispatch("http://127.0.0.1:9/invoke", &invocation, outcomes.as_ref())
+            .await;
+        assert_eq!(later, Err(Failure::Stopped { attempts: 0 }));
     }
 
     #[test]

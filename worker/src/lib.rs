@@ -49,6 +49,19 @@ pub trait Outcomes: Send + Sync + 'static {
     async fn gave_up(&self, group_id: &str, id: &str, attempts: u32, text: String) -> bool;
 }
 
+/// What became of a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Its outcome is recorded: the work is done.
+    Recorded,
+    /// Its outcome could not be recorded (the store was out of reach): the
+    /// work should be done again later.
+    Unrecorded,
+    /// The dispatcher was stopped before the work was done
+    /// ([`Dispatcher::stop`]): another worker should take it now.
+    HandedBack,
+}
+
 /// Takes work items and carries them out.
 #[derive(Clone)]
 pub struct Worker {
@@ -64,10 +77,10 @@ impl Worker {
         }
     }
 
-    /// Carries out one work item to its end (acknowledged or given up).
-    /// Returns whether its outcome is recorded; when not, the work should
-    /// be done again (the tool may see the call twice: invariant 4).
-    pub async fn handle(&self, work: Work) -> bool {
+    /// Carries out one work item to its end (acknowledged or given up), or
+    /// until the dispatcher stops. Work done again may send the tool the
+    /// call twice (invariant 4).
+    pub async fn handle(&self, work: Work) -> Handled {
         match work {
             Work::Dispatch {
                 endpoint,
@@ -77,7 +90,7 @@ impl Worker {
     }
 
     #[instrument(skip_all, fields(group_id = ?invocation.group_id, call_id = ?invocation.id))]
-    async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) -> bool {
+    async fn dispatch(&self, endpoint: &str, invocation: &ferry_proto::Invocation) -> Handled {
         let (group_id, id) = (invocation.group_id.as_str(), invocation.id.as_str());
         let started = Instant::now();
         let result = self
@@ -89,7 +102,7 @@ impl Worker {
             Ok(attempts) => {
                 metrics::record_outcome("acknowledged", elapsed);
                 info!(attempts, "dispatched");
-                self.outcomes.acknowledged(group_id, id, attempts).await
+                recorded(self.outcomes.acknowledged(group_id, id, attempts).await)
             }
             Err(Failure::NotWanted { attempts }) => {
                 metrics::record_outcome("not_wanted", elapsed);
@@ -97,16 +110,34 @@ impl Worker {
                     attempts,
                     "dispatch stopped: the call no longer waits for it"
                 );
-                true
+                Handled::Recorded
+            }
+            Err(failure @ Failure::Stopped { .. }) => {
+                metrics::record_outcome(failure.kind(), elapsed);
+                info!(
+                    attempts = failure.attempts(),
+                    "the worker is stopping: the call is handed back"
+                );
+                Handled::HandedBack
             }
             Err(failure) => {
                 metrics::record_outcome(failure.kind(), elapsed);
                 warn!(attempts = failure.attempts(), reason = %failure, "dispatch failed");
                 let text = failure.to_string();
-                self.outcomes
-                    .gave_up(group_id, id, failure.attempts(), text)
-                    .await
+                recorded(
+                    self.outcomes
+                        .gave_up(group_id, id, failure.attempts(), text)
+                        .await,
+                )
             }
         }
+    }
+}
+
+fn recorded(recorded: bool) -> Handled {
+    if recorded {
+        Handled::Recorded
+    } else {
+        Handled::Unrecorded
     }
 }

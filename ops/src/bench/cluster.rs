@@ -180,8 +180,9 @@ pub async fn deploy(
                     .min(ferry_runtime::cluster::streams::MAX_PRIORITY)
             }),
             drop_priority_group: false,
+            drain: Duration::from_secs(10),
         };
-        tasks.push(tokio::spawn(run_worker(options)));
+        tasks.push(tokio::spawn(run_worker(options, std::future::pending())));
     }
     Ok(Deployment {
         bases,

@@ -208,6 +208,34 @@ impl Puller {
         }
     }
 
+    /// Ends this worker's pulls, for a worker that stops taking work: their
+    /// inboxes are unsubscribed (NATS drops a waiting pull nobody listens
+    /// to), and each message they had brought and the worker had not taken
+    /// yet is handed back (a nak: another worker gets it at once). Returns
+    /// how many were. A message NATS sent just before it saw the
+    /// unsubscribe is lost to this worker, and comes back to another after
+    /// the ack deadline.
+    pub async fn hand_back(&mut self) -> usize {
+        let mut handed_back = 0;
+        for mut pull in self.pulls.drain(..) {
+            if let Err(e) = pull.inbox.unsubscribe().await {
+                warn!(stream = self.stream, error = %e, "ending a pull failed");
+            }
+            // Unsubscribed, the inbox yields what it holds and ends.
+            while let Some(message) = pull.inbox.next().await {
+                if matches!(message.status, None | Some(StatusCode::OK)) {
+                    let message = jetstream::Message {
+                        message,
+                        context: self.js.clone(),
+                    };
+                    super::worker::hand_back(&message).await;
+                    handed_back += 1;
+                }
+            }
+        }
+        handed_back
+    }
+
     /// Reads the consumer again after a refused pull: another worker may
     /// have added or removed its priority group (NATS refuses a pull
     /// without the group the consumer has), or it may have been deleted

@@ -2,19 +2,21 @@
 //! engine and answer the node that waits, and carry out dispatch work
 //! (`FERRY_WORK`). A message is acked only after its effect is stored, so a
 //! worker killed at any point leaves its messages to another worker; the
-//! state machine makes the repeat harmless (invariants 2 and 4).
+//! state machine makes the repeat harmless (invariants 2 and 4). Both loops
+//! end when the worker stops ([`super::stop`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
-use ferry_worker::Worker;
+use ferry_worker::{Handled, Worker};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tracing::{info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
 use super::pull::Puller;
 use super::relay::{REPLY_HEADER, REQUEST_HEADER};
+use super::stop::{Phase, Stop};
 use super::streams::{ACK_WAIT, MAX_ACK_PENDING};
 use crate::engine::requests::{Refusal, Request};
 use crate::engine::{self, Engine};
@@ -22,18 +24,23 @@ use crate::http::ApiError;
 use crate::{bus, store};
 
 /// Applies relayed requests pulled by `puller` (of [`super::streams::INBOX_STREAM`]),
-/// forever (through NATS outages), answering the waiting node on `client`.
+/// through NATS outages, answering the waiting node on `client`, until
+/// the worker stops.
 pub async fn apply_requests(
     engine: Arc<Engine>,
     client: async_nats::Client,
     puller: Puller,
     concurrency: usize,
+    stop: Stop,
 ) {
-    let apply_one = move |message| {
-        let (engine, client) = (engine.clone(), client.clone());
-        async move { apply(&engine, &client, message).await }
+    let apply_one = {
+        let stop = stop.clone();
+        move |message| {
+            let (engine, client, stop) = (engine.clone(), client.clone(), stop.clone());
+            async move { apply(&engine, &client, message, &stop).await }
+        }
     };
-    consume(puller, "requests", concurrency, apply_one).await
+    consume(puller, "requests", concurrency, apply_one, &stop).await
 }
 
 /// Dispatch work a worker keeps in hand per attempt it may have in flight.
@@ -45,16 +52,20 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It takes the work `puller` (of [`super::streams::WORK_STREAM`]) brings.
-pub async fn dispatch_work(worker: Worker, puller: Puller, max_in_flight: usize) {
-    let carry_out_one = move |message| {
-        let worker = worker.clone();
-        async move { carry_out(&worker, message).await }
+/// It takes the work `puller` (of [`super::streams::WORK_STREAM`]) brings,
+/// until the worker stops (whose dispatcher the caller stops with it).
+pub async fn dispatch_work(worker: Worker, puller: Puller, max_in_flight: usize, stop: Stop) {
+    let carry_out_one = {
+        let stop = stop.clone();
+        move |message| {
+            let (worker, stop) = (worker.clone(), stop.clone());
+            async move { carry_out(&worker, message, &stop).await }
+        }
     };
     let in_hand = max_in_flight
         .saturating_mul(IN_HAND_PER_ATTEMPT)
         .min(MAX_ACK_PENDING / 4);
-    consume(puller, "work", in_hand, carry_out_one).await
+    consume(puller, "work", in_hand, carry_out_one, &stop).await
 }
 
 /// A worker asks for more once this share of its whole room (or one
@@ -68,20 +79,23 @@ const TOP_UP_SHARE: usize = 16;
 /// that keeps coming costs little.
 const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 
-/// Pulls messages forever (pulling again after an outage), each handled on
-/// its own task, at most `concurrency` at once. It asks only for the room
-/// it has, and tops that up as room frees ([`super::pull`]): while it has
-/// room a pull of its waits, and a full worker has none, leaving the work
-/// to others.
-async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F)
+/// Pulls messages (pulling again after an outage), each handled on its own
+/// task, at most `concurrency` at once. It asks only for the room it has,
+/// and tops that up as room frees ([`super::pull`]): while it has room a
+/// pull of its waits, and a full worker has none, leaving the work to
+/// others. When the worker stops draining, it ends its pulls, hands back
+/// what they still bring, and returns once every message it took is
+/// handled (or handed back, when the worker gives up).
+async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F, stop: &Stop)
 where
     F: Fn(jetstream::Message) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let limit = Arc::new(Semaphore::new(concurrency.max(1)));
+    let places = concurrency.max(1);
+    let limit = Arc::new(Semaphore::new(places));
     let top_up = (concurrency / TOP_UP_SHARE).max(1);
     let freed = Arc::new(Notify::new());
-    loop {
+    while !stop.at(Phase::Draining) {
         let room = limit.available_permits();
         let open = room.saturating_sub(puller.asked());
         if open > 0 && (puller.asked() == 0 || open >= top_up) {
@@ -93,10 +107,15 @@ where
         }
         if puller.asked() == 0 {
             // Full: wait for room.
-            freed.notified().await;
+            tokio::select! {
+                () = stop.reached(Phase::Draining) => {}
+                () = freed.notified() => {}
+            }
             continue;
         }
         let next = tokio::select! {
+            biased;
+            () = stop.reached(Phase::Draining) => continue,
             next = puller.next() => next,
             // Room freed: top up first.
             _ = freed.notified() => continue,
@@ -122,6 +141,17 @@ where
             drop(place);
         });
     }
+    let handed_back = puller.hand_back().await;
+    let under_way = places - limit.available_permits();
+    info!(
+        what,
+        handed_back, under_way, "stopped taking work; finishing what is under way"
+    );
+    // Every place comes back: its work ends, or is handed back once the
+    // worker gives up.
+    let _all = limit
+        .acquire_many(u32::try_from(places).unwrap_or(u32::MAX))
+        .await;
 }
 
 /// A message's place in a worker's room: given back, it wakes the pull
@@ -139,7 +169,12 @@ impl Drop for Place {
     }
 }
 
-async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetstream::Message) {
+async fn apply(
+    engine: &Arc<Engine>,
+    client: &async_nats::Client,
+    message: jetstream::Message,
+    stop: &Stop,
+) {
     let request: Request = match rmp_serde::from_slice(&message.payload) {
         Ok(request) => request,
         Err(e) => {
@@ -158,7 +193,11 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
     // A request slower than the ack deadline (NATS slow to answer, say)
     // must not be handed to a second worker meanwhile: say we are at it.
     let applied = store::jetstream::applying(id, engine.perform(request));
-    let answer = at_work(&message, applied.instrument(span)).await;
+    let Some(answer) = at_work(&message, applied.instrument(span), stop).await else {
+        // Handed back: the node waiting on it gets the answer from the
+        // worker that applies it (or finds it applied: invariant 2).
+        return;
+    };
     if let Err(e) = &answer {
         if is_transient(e) {
             // Leave it for a later attempt (by this or another worker).
@@ -190,16 +229,34 @@ async fn apply(engine: &Arc<Engine>, client: &async_nats::Client, message: jetst
 
 /// Runs `work` on `message`, telling JetStream every third of the ack
 /// deadline that it is still in progress (`+WPI`), so that the message is
-/// not redelivered to another worker while this one is at it.
-async fn at_work<T>(message: &jetstream::Message, work: impl std::future::Future<Output = T>) -> T {
+/// not redelivered to another worker while this one is at it. `None` when
+/// the worker gave up on it while stopping: the message is handed back,
+/// for another worker to take at once.
+async fn at_work<T>(
+    message: &jetstream::Message,
+    work: impl std::future::Future<Output = T>,
+    stop: &Stop,
+) -> Option<T> {
     tokio::pin!(work);
     let mut ticks = tokio::time::interval(ACK_WAIT / 3);
     ticks.tick().await;
     loop {
         tokio::select! {
-            done = &mut work => return done,
+            biased;
+            done = &mut work => return Some(done),
+            () = stop.reached(Phase::GivingUp) => {
+                hand_back(message).await;
+                return None;
+            }
             _ = ticks.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
         }
+    }
+}
+
+/// Gives `message` back to JetStream for another worker, at once.
+pub(crate) async fn hand_back(message: &jetstream::Message) {
+    if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
+        warn!(error = %e, "handing a message back failed; it comes back after the ack deadline");
     }
 }
 
@@ -212,7 +269,7 @@ fn is_transient(e: &engine::Error) -> bool {
     )
 }
 
-async fn carry_out(worker: &Worker, message: jetstream::Message) {
+async fn carry_out(worker: &Worker, message: jetstream::Message, stop: &Stop) {
     let work: Work = match rmp_serde::from_slice(&message.payload) {
         Ok(work) => work,
         Err(e) => {
@@ -222,13 +279,18 @@ async fn carry_out(worker: &Worker, message: jetstream::Message) {
         }
     };
     // Dispatch retries can outlast the ack deadline.
-    let recorded = at_work(&message, worker.handle(work)).await;
-    if !recorded {
-        // Dispatch again later: the outcome is not stored anywhere.
-        let _ = message
-            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-            .await;
-        return;
+    match at_work(&message, worker.handle(work), stop).await {
+        Some(Handled::Recorded) => {}
+        Some(Handled::Unrecorded) => {
+            // Dispatch again later: the outcome is not stored anywhere.
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return;
+        }
+        Some(Handled::HandedBack) => return hand_back(&message).await,
+        // Handed back already.
+        None => return,
     }
     // A plain ack, as for requests: lost, it brings the work back, and the
     // call, no longer waiting for dispatch, is not sent again (or the tool
