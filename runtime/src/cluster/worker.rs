@@ -83,9 +83,9 @@ const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 /// task, at most `concurrency` at once. It asks only for the room it has,
 /// and tops that up as room frees ([`super::pull`]): while it has room a
 /// pull of its waits, and a full worker has none, leaving the work to
-/// others. When the worker stops draining, it ends its pulls, hands back
-/// what they still bring, and returns once every message it took is
-/// handled (or handed back, when the worker gives up).
+/// others. Once the worker drains, it ends its pulls, hands back what
+/// they still hold, and returns when every message it took is handled (or
+/// handed back, when the worker gives up).
 async fn consume<F, Fut>(mut puller: Puller, what: &str, concurrency: usize, handle: F, stop: &Stop)
 where
     F: Fn(jetstream::Message) -> Fut,
