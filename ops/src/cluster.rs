@@ -423,6 +423,7 @@ pub async fn run_worker(
     info!(priority, "ferry worker consuming");
     println!("ferry worker ready");
     let stop = Stop::default();
+    let nats = client.clone();
     let consuming = async {
         tokio::join!(
             worker::apply_requests(engine, client, requests, options.concurrency, stop.clone()),
@@ -442,6 +443,11 @@ pub async fn run_worker(
     tokio::select! {
         _ = consuming => {}
         () = stopping => {}
+    }
+    // Acks and naks are only queued on the connection: send them before the
+    // process ends, or what was handed back waits out the ack deadline.
+    if let Err(e) = nats.flush().await {
+        warn!(error = %e, "sending the last acks to NATS failed");
     }
     info!("ferry worker stopped");
     Ok(())

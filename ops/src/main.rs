@@ -513,13 +513,17 @@ fn install_metrics() -> anyhow::Result<ferry_runtime::http::MetricsRender> {
     Ok(std::sync::Arc::new(move || prometheus.render()))
 }
 
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term.recv() => {}
+/// SIGTERM or SIGINT. The handlers are installed at once, not when the
+/// future is first polled: a signal that comes while the process is still
+/// starting then stops it cleanly too, instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
