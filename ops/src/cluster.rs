@@ -51,6 +51,8 @@ pub struct RuntimeOptions {
     pub mcp: ferry_runtime::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
+    /// How long a stopping node waits for the requests still running.
+    pub drain: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -344,6 +346,7 @@ pub async fn start_runtime(
         app,
         engine.clone(),
         shutdown,
+        options.drain,
     ));
     info!(%addr, "ferry runtime listening");
     Ok((

@@ -91,6 +91,8 @@ struct Serve {
     fronts: FrontArgs,
     #[command(flatten)]
     dispatch: DispatchArgs,
+    #[command(flatten)]
+    drain: DrainArgs,
 }
 
 /// The native API's tokens and the MCP and OXP fronts, on `serve` and on
@@ -300,6 +302,8 @@ struct Runtime {
     reply_wait_ms: u64,
     #[command(flatten)]
     fronts: FrontArgs,
+    #[command(flatten)]
+    drain: DrainArgs,
 }
 
 #[derive(Args)]
@@ -334,13 +338,28 @@ struct WorkerArgs {
     /// its dispatch metrics live in its process). None when not given.
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
-    /// On SIGTERM or Ctrl-C the worker takes no more work and hands back
-    /// what only waits (for a slot, or out a retry's backoff); for up to
-    /// this long it finishes what is under way (requests being applied,
-    /// dispatch attempts waiting for the tool's answer), then hands back
-    /// the rest and exits.
+    #[command(flatten)]
+    drain: DrainArgs,
+}
+
+/// How long a stopping process goes on with what is under way.
+#[derive(Args)]
+struct DrainArgs {
+    /// On SIGTERM or Ctrl-C, how long to finish what is under way before
+    /// stopping anyway. `serve` and `runtime` take no new connections, end
+    /// open streams and long-polls at once, and give requests still running
+    /// this long. A worker takes no more work and hands back what only
+    /// waits (for an attempt slot, or out a retry's backoff); for this long
+    /// it finishes requests being applied and dispatch attempts waiting
+    /// for their tool's answer, then hands back the rest.
     #[arg(long, default_value_t = 10_000, env = "FERRY_DRAIN_MS")]
     drain_ms: u64,
+}
+
+impl DrainArgs {
+    fn drain(&self) -> Duration {
+        Duration::from_millis(self.drain_ms)
+    }
 }
 
 #[tokio::main]
@@ -377,7 +396,7 @@ async fn main() -> anyhow::Result<()> {
                     concurrency: args.concurrency,
                     priority: args.priority,
                     drop_priority_group: args.drop_priority_group,
-                    drain: Duration::from_millis(args.drain_ms),
+                    drain: args.drain.drain(),
                 },
                 shutdown_signal(),
             )
@@ -417,6 +436,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
+        drain: args.drain.drain(),
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // Lines on stdout for scripts and tests: where the demo tool and Ferry
@@ -447,6 +467,7 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
+        drain: args.drain.drain(),
     };
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.

@@ -6,6 +6,7 @@ use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
@@ -41,6 +42,9 @@ pub struct ServeOptions {
     pub mcp: ferry_runtime::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
+    /// How long a stopping process waits for the requests still running
+    /// ([`serve_http`]).
+    pub drain: Duration,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +61,7 @@ impl Default for ServeOptions {
             oxp: Default::default(),
             mcp: Default::default(),
             api_tokens: ApiTokens::default(),
+            drain: DRAIN,
         }
     }
 }
@@ -219,7 +224,13 @@ pub async fn start(
             &options.mcp,
             &options.api_tokens,
         ));
-    let server = tokio::spawn(serve_http(listener, app, engine.clone(), shutdown));
+    let server = tokio::spawn(serve_http(
+        listener,
+        app,
+        engine.clone(),
+        shutdown,
+        options.drain,
+    ));
     info!(%addr, %public_url, "ferry listening");
     Ok((
         Running {
@@ -232,28 +243,29 @@ pub async fn start(
     ))
 }
 
-/// How long a stopping process waits for its open requests once streams
-/// and long waits were told to end: requests still open then (a client
-/// sending its body slowly, say) are cut off. Whatever was acknowledged is
-/// durable already.
-const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a stopping process waits by default for its open requests
+/// once streams and long waits were told to end (`--drain-ms`): requests
+/// still open then (a client sending its body slowly, say) are cut off.
+/// Whatever was acknowledged is durable already.
+pub const DRAIN: Duration = Duration::from_secs(10);
 
 /// Serves `app` until `shutdown` resolves, then stops taking connections,
 /// ends the engine's open streams and long waits (they would hold a
 /// graceful shutdown open for as long as their agents stay), and waits up
-/// to [`DRAIN`] for the requests still running.
+/// to `drain` for the requests still running.
 pub(crate) async fn serve_http(
     listener: TcpListener,
     app: axum::Router,
     engine: Arc<Engine>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    drain: Duration,
 ) -> anyhow::Result<()> {
     // The drain's clock starts when the readers are told to stop.
     let drained = {
         let stopped = engine.readers_stop();
         async move {
             stopped.await;
-            tokio::time::sleep(DRAIN).await;
+            tokio::time::sleep(drain).await;
         }
     };
     let shutdown = async move {
@@ -266,7 +278,7 @@ pub(crate) async fn serve_http(
         .into_future();
     tokio::select! {
         served = serving => served.context("serving HTTP")?,
-        () = drained => warn!(drain = ?DRAIN, "requests still open after the drain; stopping anyway"),
+        () = drained => warn!(?drain, "requests still open after the drain; stopping anyway"),
     }
     // Everything acknowledged was flushed before it was answered.
     info!("HTTP intake stopped");

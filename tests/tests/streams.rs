@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::Invocation;
 use ferry_tests::api::seg;
 use ferry_tests::sse::{Sse, SseReader};
-use ferry_tests::{Api, Ferry, TestTool};
+use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
 
 /// Asserts an answer is the API's error shape with `status` and `code`.
@@ -672,6 +672,48 @@ async fn thread_metadata_reports_progress_and_ancestors() {
     );
 
     refused(&api.thread("unknown").await, 404, "not_found");
+}
+
+/// `--drain-ms` bounds how long a stopping `ferry serve` waits for the
+/// requests still running: here a toolset registration whose tool server
+/// accepted the connection and never answers. Ferry cuts it off after the
+/// drain it was given, says so in its log, and exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_still_running_is_cut_off_after_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ferry.log");
+    let mut ferry = Ferry::start(FerryOptions {
+        args: vec!["--drain-ms".into(), "300".into()],
+        log: Some(log.clone()),
+        ..FerryOptions::default()
+    })
+    .await;
+    // A tool server that takes connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let registering = reqwest::Client::new()
+        .post(format!("{}/v1/toolsets", ferry.url))
+        .json(&json!({ "url": url }))
+        .send();
+    let registering = tokio::spawn(registering);
+    // Ferry is fetching the manifest: its request is under way.
+    let (_held, _) = silent.accept().await.unwrap();
+
+    let exited = ferry.terminate(Duration::from_secs(60)).await;
+    let status = exited.expect("ferry still runs a minute after SIGTERM");
+    assert!(status.success(), "{status}");
+    let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
+    let cut = text
+        .lines()
+        .find(|l| l.contains("requests still open after the drain"))
+        .unwrap_or_else(|| panic!("no line says the drain ended:\n{text}"));
+    assert!(cut.contains("drain=300ms"), "{cut}");
+    // The registering client saw its connection end, with no answer.
+    let answer = registering.await.unwrap();
+    assert!(
+        answer.is_err(),
+        "a request cut off was answered: {answer:?}"
+    );
 }
 
 /// SIGTERM stops `ferry serve` while agents follow its threads: the native

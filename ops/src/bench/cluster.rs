@@ -161,6 +161,7 @@ pub async fn deploy(
             oxp: Default::default(),
             mcp: Default::default(),
             api_tokens: Default::default(),
+            drain: crate::serve::DRAIN,
         };
         let (running, server) = start_runtime(options, None, std::future::pending()).await?;
         bases.push(format!("http://{}", running.addr));
@@ -180,7 +181,7 @@ pub async fn deploy(
                     .min(ferry_runtime::cluster::streams::MAX_PRIORITY)
             }),
             drop_priority_group: false,
-            drain: Duration::from_secs(10),
+            drain: crate::serve::DRAIN,
         };
         tasks.push(tokio::spawn(run_worker(options, std::future::pending())));
     }
