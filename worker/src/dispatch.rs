@@ -447,16 +447,29 @@ mod tests {
         }
     }
 
-    /// What a runtime recorded about one call, for the dispatcher alone.
-    struct Recorded(u32);
+    /// What a runtime recorded about one call (the attempts made before),
+    /// for the dispatcher alone; it says when an attempt failed.
+    struct Recorded {
+        attempts: u32,
+        failed: tokio::sync::Notify,
+    }
+
+    impl Recorded {
+        fn new(attempts: u32) -> Arc<Self> {
+            Arc::new(Recorded {
+                attempts,
+                failed: tokio::sync::Notify::new(),
+            })
+        }
+    }
 
     #[async_trait::async_trait]
     impl Outcomes for Recorded {
         async fn still_wanted(&self, _: &str, _: &str) -> Option<u32> {
-            Some(self.0)
+            Some(self.attempts)
         }
         async fn retrying(&self, _: &str, _: &str, _: u32, _: String, _: Duration) {
-            panic!("no attempt may be made");
+            self.failed.notify_one();
         }
         async fn acknowledged(&self, _: &str, _: &str, _: u32) -> bool {
             unreachable!()
@@ -464,6 +477,17 @@ mod tests {
         async fn gave_up(&self, _: &str, _: &str, _: u32, _: String) -> bool {
             unreachable!()
         }
+    }
+
+    /// An invocation to port 9, which refuses connections: every attempt
+    /// fails and would be retried.
+    fn refused() -> (&'static str, Invocation) {
+        let invocation = serde_json::from_value(serde_json::json!({
+            "operation": "op", "arguments": {}, "group_id": "g", "id": "c",
+            "callback_url": "http://127.0.0.1:9/cb",
+        }))
+        .unwrap();
+        ("http://127.0.0.1:9/invoke", invocation)
     }
 
     /// A dispatch resumed with the bound already used up (a lower
@@ -475,36 +499,12 @@ mod tests {
             ..DispatchConfig::default()
         };
         let dispatcher = Dispatcher::new(reqwest::Client::new(), config);
-        let invocation: Invocation = serde_json::from_value(serde_json::json!({
-            "operation": "op", "arguments": {}, "group_id": "g", "id": "c",
-            "callback_url": "http://127.0.0.1:9/cb",
-        }))
-        .unwrap();
-        // Port 9 refuses connections: an attempt would be retried.
+        let (endpoint, invocation) = refused();
         let failed = dispatcher
-            .dispatch("http://127.0.0.1:9/invoke", &invocation, &Recorded(4))
+            .dispatch(endpoint, &invocation, Recorded::new(4).as_ref())
             .await;
         assert_eq!(failed, Err(Failure::OutOfAttempts { attempts: 4 }));
         assert!(failed.unwrap_err().to_string().starts_with("Error: "));
-    }
-
-    /// A call whose every attempt fails; it says when the first did.
-    struct Failing(tokio::sync::Notify);
-
-    #[async_trait::async_trait]
-    impl Outcomes for Failing {
-        async fn still_wanted(&self, _: &str, _: &str) -> Option<u32> {
-            Some(0)
-        }
-        async fn retrying(&self, _: &str, _: &str, _: u32, _: String, _: Duration) {
-            self.0.notify_one();
-        }
-        async fn acknowledged(&self, _: &str, _: &str, _: u32) -> bool {
-            unreachable!()
-        }
-        async fn gave_up(&self, _: &str, _: &str, _: u32, _: String) -> bool {
-            unreachable!()
-        }
     }
 
     /// A stopped dispatcher starts no attempt: a dispatch waiting out its
@@ -517,30 +517,25 @@ mod tests {
             ..DispatchConfig::default()
         };
         let dispatcher = Dispatcher::new(reqwest::Client::new(), config);
-        let invocation: Invocation = serde_json::from_value(serde_json::json!({
-            "operation": "op", "arguments": {}, "group_id": "g", "id": "c",
-            "callback_url": "http://127.0.0.1:9/cb",
-        }))
-        .unwrap();
-        let outcomes = Arc::new(Failing(tokio::sync::Notify::new()));
-        // Port 9 refuses connections: the first attempt fails, and the
-        // next would follow in an hour.
+        let (endpoint, invocation) = refused();
+        let outcomes = Recorded::new(0);
+        // The first attempt fails, and the next would follow in an hour.
         let waiting = tokio::spawn({
             let (dispatcher, outcomes) = (dispatcher.clone(), outcomes.clone());
             let invocation = invocation.clone();
             async move {
                 dispatcher
-                    .dispatch("http://127.0.0.1:9/invoke", &invocation, outcomes.as_ref())
+                    .dispatch(endpoint, &invocation, outcomes.as_ref())
                     .await
             }
         });
-        outcomes.0.notified().await;
+        outcomes.failed.notified().await;
         dispatcher.stop();
         let ended = tokio::time::timeout(Duration::from_secs(10), waiting).await;
         let ended = ended.expect("the backoff ends with the stop").unwrap();
         assert_eq!(ended, Err(Failure::Stopped { attempts: 1 }));
         let later = dispatcher
-            .dispatch("http://127.0.0.1:9/invoke", &invocation, outcomes.as_ref())
+            .dispatch(endpoint, &invocation, outcomes.as_ref())
             .await;
         assert_eq!(later, Err(Failure::Stopped { attempts: 0 }));
     }
