@@ -374,6 +374,9 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
+/// How long a stopped worker waits for NATS to take its last acks.
+const LAST_ACKS: Duration = Duration::from_secs(5);
+
 /// Runs a worker until `shutdown` resolves; then it drains
 /// ([`ferry_runtime::cluster::stop`]): it takes no more work, finishes
 /// what is under way for up to `options.drain`, hands back the rest, and
@@ -448,9 +451,13 @@ pub async fn run_worker(
         () = stopping => {}
     }
     // Acks and naks are only queued on the connection: send them before the
-    // process ends, or what was handed back waits out the ack deadline.
-    if let Err(e) = nats.flush().await {
-        warn!(error = %e, "sending the last acks to NATS failed");
+    // process ends, or what was handed back waits out the ack deadline. Not
+    // for long: with NATS away they would wait for good, and what they
+    // leave comes back after the deadline anyway.
+    match tokio::time::timeout(LAST_ACKS, nats.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "sending the last acks to NATS failed"),
+        Err(_) => warn!(wait = ?LAST_ACKS, "NATS did not take the last acks in time"),
     }
     info!("ferry worker stopped");
     Ok(())
