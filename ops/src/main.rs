@@ -446,11 +446,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
     }
     println!("ferry listening on http://{}", running.addr);
     let served = server.await?;
-    // Dispatch acknowledgements still waiting for their thread's next
-    // command are written now rather than lost (which would only dispatch
-    // their calls again). Workers still dispatching may add more; those
-    // calls are dispatched again after the restart (invariant 4).
-    running.engine.record_all_acks().await;
+    running.finish().await;
     served
 }
 

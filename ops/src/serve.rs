@@ -5,8 +5,8 @@
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
@@ -72,6 +72,36 @@ pub struct Running {
     pub public_url: String,
     pub demo_url: Option<String>,
     pub engine: Arc<Engine>,
+    /// What dispatches the calls, for [`Running::finish`].
+    worker: Worker,
+    drain: Duration,
+    /// When the stop began (the `shutdown` future resolved).
+    stop_began: Arc<OnceLock<Instant>>,
+}
+
+impl Running {
+    /// Ends a stop, once the HTTP intake has: waits for the dispatch
+    /// attempts under way (no new one started since the stop began) until
+    /// the drain that began with the stop is over, so that a tool that
+    /// answers 200 meanwhile is not sent its call again after the restart;
+    /// then writes the acknowledgements still waiting for their thread's
+    /// next command, which would otherwise be lost. Calls whose attempt
+    /// outlasts the drain, or whose dispatch only waited, go out again
+    /// after the restart (invariant 4).
+    pub async fn finish(&self) {
+        let began = self.stop_began.get().copied().unwrap_or_else(Instant::now);
+        let deadline = tokio::time::Instant::from_std(began + self.drain);
+        if tokio::time::timeout_at(deadline, self.worker.idle())
+            .await
+            .is_err()
+        {
+            warn!(
+                drain = ?self.drain,
+                "dispatch attempts still under way after the drain; their calls go out again after the restart"
+            );
+        }
+        self.engine.record_all_acks().await;
+    }
 }
 
 /// Reads the secret kept in the data dir, creating it on first start.
@@ -177,10 +207,9 @@ pub async fn start(
         Capabilities::new(&secret),
         client.clone(),
     ));
-    let worker = Worker::new(
-        Dispatcher::new(client, options.dispatch.clone()),
-        engine.clone(),
-    );
+    let dispatcher = Dispatcher::new(client, options.dispatch.clone());
+    let worker = Worker::new(dispatcher.clone(), engine.clone());
+    let dispatching = worker.clone();
     bus.set_handler(Arc::new(move |work| {
         let worker = worker.clone();
         async move {
@@ -224,6 +253,17 @@ pub async fn start(
             &options.mcp,
             &options.api_tokens,
         ));
+    // From the stop on, no dispatch attempt starts: the calls stay queued
+    // and go out after the restart.
+    let stop_began = Arc::new(OnceLock::new());
+    let shutdown = {
+        let stop_began = stop_began.clone();
+        async move {
+            shutdown.await;
+            stop_began.get_or_init(Instant::now);
+            dispatcher.stop();
+        }
+    };
     let server = tokio::spawn(serve_http(
         listener,
         app,
@@ -238,6 +278,9 @@ pub async fn start(
             public_url,
             demo_url,
             engine,
+            worker: dispatching,
+            drain: options.drain,
+            stop_began,
         },
         server,
     ))

@@ -248,7 +248,18 @@ impl Ferry {
     /// process exited, or `None` if it still runs after `within` (it is
     /// then killed with the rest at drop).
     pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        self.sigterm();
+        self.exited(within).await
+    }
+
+    /// Sends SIGTERM and returns at once; see [`Ferry::exited`].
+    pub fn sigterm(&self) {
         sigterm(self.child.as_ref().expect("ferry is running"));
+    }
+
+    /// How the process exited, once it has; `None` if it still runs after
+    /// `within` (it is then killed with the rest at drop).
+    pub async fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         exit_within(&mut self.child, within).await
     }
 

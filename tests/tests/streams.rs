@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ferry_proto::Invocation;
 use ferry_tests::api::seg;
 use ferry_tests::sse::{Sse, SseReader};
-use ferry_tests::{Api, Ferry, FerryOptions, TestTool};
+use ferry_tests::{Ack, Api, Ferry, FerryOptions, TestTool};
 use serde_json::{json, Value};
 
 /// Asserts an answer is the API's error shape with `status` and `code`.
@@ -714,6 +714,40 @@ async fn a_request_still_running_is_cut_off_after_the_drain() {
         answer.is_err(),
         "a request cut off was answered: {answer:?}"
     );
+}
+
+/// A dispatch attempt under way when `ferry serve` stops runs to its end:
+/// the tool's 200, arriving during the drain, is recorded before Ferry
+/// exits, so after the restart the call is `dispatched` and not sent again.
+/// (Ended at once, the attempt's 200 would be lost and the call
+/// dispatched again after the restart, to a tool that now hangs.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dispatch_under_way_at_sigterm_is_recorded_before_ferry_exits() {
+    let (tool, mut ferry) = setup().await;
+    tool.plan(&[Ack::Held, Ack::Hang]);
+    let api = ferry.api();
+    let mut stream = SseReader::open(&api, "/v1/threads/g/stream", None).await;
+    let (status, reply) = api
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    tool.next_invocation().await;
+    assert_sse(&stream.next().await, 1, "call_accepted");
+
+    ferry.sigterm();
+    // The stream ending says Ferry is stopping; its attempt still waits.
+    stream.expect_end().await;
+    tool.release();
+    let status = ferry.exited(Duration::from_secs(60)).await;
+    let status = status.expect("ferry still runs a minute after SIGTERM");
+    assert!(status.success(), "{status}");
+
+    ferry.restart().await;
+    let (status, call) = ferry.api().call("g", "c").await;
+    assert_eq!(status, 200, "{call}");
+    assert_eq!(call["status"], "dispatched", "{call}");
+    assert_eq!(call["attempts"], 1, "{call}");
+    assert_eq!(tool.invocations().len(), 1, "the call was sent again");
 }
 
 /// SIGTERM stops `ferry serve` while agents follow its threads: the native

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ferry_proto::bus::Work;
+use tokio::sync::watch;
 use tracing::{info, instrument, warn};
 
 pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure};
@@ -62,11 +63,29 @@ pub enum Handled {
     HandedBack,
 }
 
-/// Takes work items and carries them out.
+/// Takes work items and carries them out. Clones share what they count.
 #[derive(Clone)]
 pub struct Worker {
     dispatcher: Dispatcher,
     outcomes: Arc<dyn Outcomes>,
+    /// Work items being handled.
+    busy: Arc<watch::Sender<usize>>,
+}
+
+/// One work item being handled, counted while it lives.
+struct Busy<'a>(&'a watch::Sender<usize>);
+
+impl<'a> Busy<'a> {
+    fn new(busy: &'a watch::Sender<usize>) -> Self {
+        busy.send_modify(|n| *n += 1);
+        Busy(busy)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Worker {
@@ -74,13 +93,25 @@ impl Worker {
         Self {
             dispatcher,
             outcomes,
+            busy: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Resolves once no work item is being handled. Once its dispatcher is
+    /// stopped ([`Dispatcher::stop`]) work that only waits ends at once, so
+    /// this says when every attempt under way has its answer and its
+    /// outcome was reported.
+    pub async fn idle(&self) {
+        let mut busy = self.busy.subscribe();
+        // The sender lives as long as `self`.
+        let _ = busy.wait_for(|n| *n == 0).await;
     }
 
     /// Carries out one work item to its end (acknowledged or given up), or
     /// until the dispatcher stops. Work done again may send the tool the
     /// call twice (invariant 4).
     pub async fn handle(&self, work: Work) -> Handled {
+        let _busy = Busy::new(&self.busy);
         match work {
             Work::Dispatch {
                 endpoint,
