@@ -10,12 +10,13 @@ mod dispatch;
 pub mod metrics;
 mod notify;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ferry_proto::bus::Work;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tracing::{info, instrument, warn};
 
 pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure};
@@ -68,23 +69,50 @@ pub enum Handled {
 pub struct Worker {
     dispatcher: Dispatcher,
     outcomes: Arc<dyn Outcomes>,
-    /// Work items being handled.
-    busy: Arc<watch::Sender<usize>>,
+    busy: Arc<Busy>,
 }
 
-/// One work item being handled, counted while it lives.
-struct Busy<'a>(&'a watch::Sender<usize>);
+/// How many work items are being handled, and who waits for none. An
+/// atomic count, not a watch: a watch's send wakes its eight waiter lists
+/// on every change, twice per call on the hot path.
+#[derive(Default)]
+struct Busy {
+    items: AtomicUsize,
+    idle: Notify,
+}
 
-impl<'a> Busy<'a> {
-    fn new(busy: &'a watch::Sender<usize>) -> Self {
-        busy.send_modify(|n| *n += 1);
-        Busy(busy)
+impl Busy {
+    /// Resolves once no item is being handled.
+    async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            // Waiting before the count is read: a last item ending in
+            // between still wakes it.
+            idle.as_mut().enable();
+            if self.items.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 }
 
-impl Drop for Busy<'_> {
+/// One work item being handled, counted while it lives.
+struct Item<'a>(&'a Busy);
+
+impl<'a> Item<'a> {
+    fn new(busy: &'a Busy) -> Self {
+        busy.items.fetch_add(1, Ordering::SeqCst);
+        Item(busy)
+    }
+}
+
+impl Drop for Item<'_> {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n -= 1);
+        if self.0.items.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -93,7 +121,7 @@ impl Worker {
         Self {
             dispatcher,
             outcomes,
-            busy: Arc::new(watch::Sender::new(0)),
+            busy: Arc::default(),
         }
     }
 
@@ -102,16 +130,14 @@ impl Worker {
     /// this says when every attempt under way has its answer and its
     /// outcome was reported.
     pub async fn idle(&self) {
-        let mut busy = self.busy.subscribe();
-        // The sender lives as long as `self`.
-        let _ = busy.wait_for(|n| *n == 0).await;
+        self.busy.idle().await
     }
 
     /// Carries out one work item to its end (acknowledged or given up), or
     /// until the dispatcher stops. Work done again may send the tool the
     /// call twice (invariant 4).
     pub async fn handle(&self, work: Work) -> Handled {
-        let _busy = Busy::new(&self.busy);
+        let _item = Item::new(&self.busy);
         match work {
             Work::Dispatch {
                 endpoint,
@@ -170,5 +196,29 @@ fn recorded(recorded: bool) -> Handled {
         Handled::Recorded
     } else {
         Handled::Unrecorded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_waits_for_the_last_item_being_handled() {
+        let busy = Arc::new(Busy::default());
+        busy.idle().await;
+        let (first, second) = (Item::new(&busy), Item::new(&busy));
+        let waiting = tokio::spawn({
+            let busy = busy.clone();
+            async move { busy.idle().await }
+        });
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "an item is still being handled");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("idle once the last item ended")
+            .unwrap();
     }
 }
