@@ -374,17 +374,18 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
-/// How long a stopped worker waits for NATS to take its last acks.
-const LAST_ACKS: Duration = Duration::from_secs(5);
+/// A worker connected, with its consumers bound.
+struct StartedWorker {
+    client: async_nats::Client,
+    engine: Arc<Engine>,
+    dispatcher: Dispatcher,
+    worker: Worker,
+    requests: pull::Puller,
+    work: pull::Puller,
+}
 
-/// Runs a worker until `shutdown` resolves; then it drains
-/// ([`ferry_runtime::cluster::stop`]): it takes no more work, finishes
-/// what is under way for up to `options.drain`, hands back the rest, and
-/// returns.
-pub async fn run_worker(
-    options: WorkerOptions,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+/// Connects a worker and binds its consumers, waiting out a NATS outage.
+async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> {
     let (client, events) = connect(&options.cluster.nats, true).await?;
     let public_url = options
         .cluster
@@ -427,6 +428,44 @@ pub async fn run_worker(
         pull::Puller::bind(client.clone(), streams::INBOX_STREAM, change, priority).await;
     let work = pull::Puller::bind(client.clone(), streams::WORK_STREAM, change, priority).await;
     info!(priority, "ferry worker consuming");
+    Ok(StartedWorker {
+        client,
+        engine,
+        dispatcher,
+        worker,
+        requests,
+        work,
+    })
+}
+
+/// How long a stopped worker waits for NATS to take its last acks.
+const LAST_ACKS: Duration = Duration::from_secs(5);
+
+/// Runs a worker until `shutdown` resolves; then it drains
+/// ([`ferry_runtime::cluster::stop`]): it takes no more work, finishes
+/// what is under way for up to `options.drain`, hands back the rest, and
+/// returns. Stopped while it still starts (waiting for NATS, say), it
+/// returns at once: it holds nothing yet.
+pub async fn run_worker(
+    options: WorkerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    let started = tokio::select! {
+        started = start_worker(&options) => started?,
+        () = &mut shutdown => {
+            info!("stopped before it started");
+            return Ok(());
+        }
+    };
+    let StartedWorker {
+        client,
+        engine,
+        dispatcher,
+        worker,
+        requests,
+        work,
+    } = started;
     println!("ferry worker ready");
     let stop = Stop::default();
     let nats = client.clone();

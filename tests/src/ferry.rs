@@ -290,7 +290,7 @@ impl Drop for Ferry {
 /// `ferry ARGS` as an operator command against the Ferry at `url`, with
 /// none of this environment's `FERRY_*` settings; stdout and stderr piped.
 /// Sends SIGTERM to `child`, as an operator or a supervisor stops it.
-pub(crate) fn sigterm(child: &Child) {
+pub fn sigterm(child: &Child) {
     let sent = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -300,7 +300,7 @@ pub(crate) fn sigterm(child: &Child) {
 
 /// How `child` exited, once it has, taking it; `None` if it still runs
 /// after `within`.
-pub(crate) async fn exit_within(
+pub async fn exit_within(
     child: &mut Option<Child>,
     within: Duration,
 ) -> Option<std::process::ExitStatus> {

@@ -2570,6 +2570,38 @@ mod stopping_workers {
         a.wait_for("g", "c", "call_dispatched").await;
     }
 
+    /// A worker still waiting for NATS at start holds nothing: SIGTERM
+    /// stops it at once, and cleanly.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_worker_waiting_for_nats_stops_on_sigterm() {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(ferry_tests::ferry::binary())
+            .args(["worker", "--nats", "nats://127.0.0.1:1"])
+            .args(["--public-url", "http://127.0.0.1:1"])
+            .args(["--secret", ferry_tests::TEST_SECRET])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let waiting = tokio::task::spawn_blocking(move || {
+            let mut lines = BufReader::new(stderr).lines();
+            let found = lines.any(|l| l.is_ok_and(|l| l.contains("NATS not reachable yet")));
+            // Keep reading, so that the worker never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            found
+        });
+        let waiting = tokio::time::timeout(Duration::from_secs(60), waiting).await;
+        assert!(waiting.expect("no word of NATS in a minute").unwrap());
+
+        let mut child = Some(child);
+        ferry_tests::ferry::sigterm(child.as_ref().unwrap());
+        let status = ferry_tests::ferry::exit_within(&mut child, Duration::from_secs(60)).await;
+        let status = status.expect("the worker still runs a minute after SIGTERM");
+        assert!(status.success(), "{status}");
+    }
+
     /// `--drain-ms` takes a number of milliseconds, nothing else.
     #[test]
     fn a_bad_drain_is_refused_at_start() {
