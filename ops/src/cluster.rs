@@ -438,7 +438,8 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
     })
 }
 
-/// How long a stopped worker waits for NATS to take its last acks.
+/// How long a stopped worker waits for NATS to take its last acks and
+/// naks, once it gave up.
 const LAST_ACKS: Duration = Duration::from_secs(5);
 
 /// Runs a worker until `shutdown` resolves; then it drains
@@ -483,7 +484,12 @@ pub async fn run_worker(
         tokio::time::sleep(options.drain).await;
         warn!(drain = ?options.drain, "work still under way after the drain; handing it back");
         stop.enter(Phase::GivingUp);
-        std::future::pending::<()>().await;
+        // Handing back needs NATS to take the naks (and the pulls' ends):
+        // with NATS away the client's queue may be full, and the loops
+        // would wait for good. What they did not hand back comes back
+        // after the ack deadline.
+        tokio::time::sleep(LAST_ACKS).await;
+        warn!("the consumers did not end; stopping anyway");
     };
     tokio::select! {
         _ = consuming => {}

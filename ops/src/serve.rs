@@ -74,6 +74,7 @@ pub struct Running {
     pub engine: Arc<Engine>,
     /// What dispatches the calls, for [`Running::finish`].
     worker: Worker,
+    dispatcher: Dispatcher,
     drain: Duration,
     /// When the stop began (the `shutdown` future resolved).
     stop_began: Arc<OnceLock<Instant>>,
@@ -89,6 +90,8 @@ impl Running {
     /// outlasts the drain, or whose dispatch only waited, go out again
     /// after the restart (invariant 4).
     pub async fn finish(&self) {
+        // Stopped at the signal already, unless serving ended otherwise.
+        self.dispatcher.stop();
         let began = self.stop_began.get().copied().unwrap_or_else(Instant::now);
         let deadline = tokio::time::Instant::from_std(began + self.drain);
         if tokio::time::timeout_at(deadline, self.worker.idle())
@@ -257,7 +260,7 @@ pub async fn start(
     // and go out after the restart.
     let stop_began = Arc::new(OnceLock::new());
     let shutdown = {
-        let stop_began = stop_began.clone();
+        let (stop_began, dispatcher) = (stop_began.clone(), dispatcher.clone());
         async move {
             shutdown.await;
             stop_began.get_or_init(Instant::now);
@@ -279,6 +282,7 @@ pub async fn start(
             demo_url,
             engine,
             worker: dispatching,
+            dispatcher,
             drain: options.drain,
             stop_began,
         },

@@ -2498,8 +2498,17 @@ mod stopping_workers {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_stopping_worker_finishes_the_dispatch_under_way_and_hands_back_the_rest() {
         let c = Cluster::start(0).await;
-        let mut worker =
-            FerryWorker::start_with(&c.nats.url(), &c.a.url, &["--max-in-flight", "1"]).await;
+        // Neither the held attempt nor the drain may end on their own
+        // clocks, however slow the machine.
+        let flags = [
+            "--max-in-flight",
+            "1",
+            "--ack-timeout-ms",
+            "600000",
+            "--drain-ms",
+            "600000",
+        ];
+        let mut worker = FerryWorker::start_with(&c.nats.url(), &c.a.url, &flags).await;
         c.tool.plan(&[Ack::Held]);
         let a = c.a.api();
         submit(&a, "first").await;

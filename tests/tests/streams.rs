@@ -737,6 +737,7 @@ async fn a_dispatch_under_way_at_sigterm_is_recorded_before_ferry_exits() {
     ferry.sigterm();
     // The stream ending says Ferry is stopping; its attempt still waits.
     stream.expect_end().await;
+    assert!(ferry.is_running(), "ferry left its dispatch");
     tool.release();
     let status = ferry.exited(Duration::from_secs(60)).await;
     let status = status.expect("ferry still runs a minute after SIGTERM");

@@ -310,6 +310,10 @@ impl Dispatcher {
                     None => return Err(Failure::NotWanted { attempts }),
                     Some(recorded) => attempts = attempts.max(recorded),
                 }
+                // Stopped while it asked: the attempt is not sent.
+                if *self.stopping.borrow() {
+                    return Err(Failure::Stopped { attempts });
+                }
                 if attempts >= max {
                     // Only when resumed: the attempts before the crash used
                     // the bound up.
