@@ -459,21 +459,24 @@ pub async fn run_worker(
             return Ok(());
         }
     };
-    let StartedWorker {
-        client,
-        engine,
-        dispatcher,
-        worker,
-        requests,
-        work,
-    } = started;
     println!("ferry worker ready");
     let stop = Stop::default();
-    let nats = client.clone();
+    let (nats, dispatcher) = (started.client.clone(), started.dispatcher);
     let consuming = async {
         tokio::join!(
-            worker::apply_requests(engine, client, requests, options.concurrency, stop.clone()),
-            worker::dispatch_work(worker, work, options.dispatch.max_in_flight, stop.clone()),
+            worker::apply_requests(
+                started.engine,
+                started.client,
+                started.requests,
+                options.concurrency,
+                stop.clone()
+            ),
+            worker::dispatch_work(
+                started.worker,
+                started.work,
+                options.dispatch.max_in_flight,
+                stop.clone()
+            ),
         )
     };
     let stopping = async {
