@@ -378,7 +378,6 @@ fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
 struct StartedWorker {
     client: async_nats::Client,
     engine: Arc<Engine>,
-    dispatcher: Dispatcher,
     worker: Worker,
     requests: pull::Puller,
     work: pull::Puller,
@@ -414,8 +413,10 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
             }
         }
     });
-    let dispatcher = Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone());
-    let worker = Worker::new(dispatcher.clone(), engine.clone());
+    let worker = Worker::new(
+        Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone()),
+        engine.clone(),
+    );
     // Bind the consumers before saying so: work published from now on is
     // taken even if this worker is the first.
     let change = match (options.priority, options.drop_priority_group) {
@@ -431,7 +432,6 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
     Ok(StartedWorker {
         client,
         engine,
-        dispatcher,
         worker,
         requests,
         work,
@@ -461,7 +461,7 @@ pub async fn run_worker(
     };
     println!("ferry worker ready");
     let stop = Stop::default();
-    let (nats, dispatcher) = (started.client.clone(), started.dispatcher);
+    let (nats, dispatching) = (started.client.clone(), started.worker.clone());
     let consuming = async {
         tokio::join!(
             worker::apply_requests(
@@ -483,7 +483,7 @@ pub async fn run_worker(
         shutdown.await;
         info!(drain = ?options.drain, "stopping: taking no more work");
         stop.enter(Phase::Draining);
-        dispatcher.stop();
+        dispatching.stop();
         tokio::time::sleep(options.drain).await;
         warn!(drain = ?options.drain, "work still under way after the drain; handing it back");
         stop.enter(Phase::GivingUp);

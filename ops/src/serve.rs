@@ -74,7 +74,6 @@ pub struct Running {
     pub engine: Arc<Engine>,
     /// What dispatches the calls, for [`Running::finish`].
     worker: Worker,
-    dispatcher: Dispatcher,
     drain: Duration,
     /// When the stop began (the `shutdown` future resolved).
     stop_began: Arc<OnceLock<Instant>>,
@@ -91,7 +90,7 @@ impl Running {
     /// after the restart (invariant 4).
     pub async fn finish(&self) {
         // Stopped at the signal already, unless serving ended otherwise.
-        self.dispatcher.stop();
+        self.worker.stop();
         let began = self.stop_began.get().copied().unwrap_or_else(Instant::now);
         let deadline = tokio::time::Instant::from_std(began + self.drain);
         if tokio::time::timeout_at(deadline, self.worker.idle())
@@ -210,8 +209,10 @@ pub async fn start(
         Capabilities::new(&secret),
         client.clone(),
     ));
-    let dispatcher = Dispatcher::new(client, options.dispatch.clone());
-    let worker = Worker::new(dispatcher.clone(), engine.clone());
+    let worker = Worker::new(
+        Dispatcher::new(client, options.dispatch.clone()),
+        engine.clone(),
+    );
     let dispatching = worker.clone();
     bus.set_handler(Arc::new(move |work| {
         let worker = worker.clone();
@@ -260,11 +261,11 @@ pub async fn start(
     // and go out after the restart.
     let stop_began = Arc::new(OnceLock::new());
     let shutdown = {
-        let (stop_began, dispatcher) = (stop_began.clone(), dispatcher.clone());
+        let (stop_began, dispatching) = (stop_began.clone(), dispatching.clone());
         async move {
             shutdown.await;
             stop_began.get_or_init(Instant::now);
-            dispatcher.stop();
+            dispatching.stop();
         }
     };
     let server = tokio::spawn(serve_http(
@@ -282,7 +283,6 @@ pub async fn start(
             demo_url,
             engine,
             worker: dispatching,
-            dispatcher,
             drain: options.drain,
             stop_began,
         },

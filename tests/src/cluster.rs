@@ -99,9 +99,7 @@ impl FerryWorker {
 
     /// Whether the process is still running (it has not exited on its own).
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        crate::ferry::running(&mut self.child)
     }
 
     pub async fn restart(&mut self) {

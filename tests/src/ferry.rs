@@ -231,9 +231,7 @@ impl Ferry {
 
     /// Whether the process is still running (it has not exited on its own).
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        running(&mut self.child)
     }
 
     /// SIGKILL: no shutdown, no flush.
@@ -289,6 +287,13 @@ impl Drop for Ferry {
 
 /// `ferry ARGS` as an operator command against the Ferry at `url`, with
 /// none of this environment's `FERRY_*` settings; stdout and stderr piped.
+/// Whether `child` is still running (it has not exited on its own).
+pub(crate) fn running(child: &mut Option<Child>) -> bool {
+    child
+        .as_mut()
+        .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+}
+
 /// Sends SIGTERM to `child`, as an operator or a supervisor stops it.
 pub fn sigterm(child: &Child) {
     let sent = Command::new("kill")

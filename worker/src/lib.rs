@@ -125,6 +125,12 @@ impl Worker {
         }
     }
 
+    /// Stops its dispatcher ([`Dispatcher::stop`]): no attempt starts from
+    /// now on, and work that only waits is handed back.
+    pub fn stop(&self) {
+        self.dispatcher.stop();
+    }
+
     /// Resolves once no work item is being handled. Once its dispatcher is
     /// stopped ([`Dispatcher::stop`]) work that only waits ends at once, so
     /// this says when every attempt under way has its answer and its
