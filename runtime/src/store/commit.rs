@@ -1,13 +1,8 @@
 //! Group commit: concurrent flush requests share one fsync.
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
-
-/// Flush rounds that may wait on the disk at once. A second round lets
-/// the writers that arrive during one fsync start the next instead of
-/// queueing behind it; measured in BENCHMARKS.md (thirty-fifth session).
-pub const FLUSHES_IN_FLIGHT: usize = 2;
+use tokio::sync::{mpsc, oneshot};
 
 type Reply = oneshot::Sender<Result<(), String>>;
 
@@ -22,32 +17,12 @@ impl GroupCommit {
     /// and answers all of them with one `sled::Db::flush`, which covers every
     /// write made before the round began.
     ///
-    /// Up to [`FLUSHES_IN_FLIGHT`] rounds run at once: the requests that
-    /// arrive while one round waits on the disk start the next at once
-    /// rather than waiting for it. sled writes the rounds' buffers in
-    /// order, and each round only promises what was written before it
-    /// began, so the rounds may end in any order.
-    ///
     /// The task holds the database weakly: dropping the store closes sled
     /// (and releases its directory lock) even while the task is parked.
     pub fn start(db: Weak<sled::Db>) -> Self {
-        Self::with(move || match db.upgrade() {
-            Some(db) => db.flush().map(drop).map_err(|e| e.to_string()),
-            None => Err("the store is closed".to_owned()),
-        })
-    }
-
-    /// Starts the flusher task with `flush` as its fsync, run on the
-    /// blocking pool once per round.
-    fn with(flush: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> Self {
-        let flush = Arc::new(flush);
         let (requests, mut queue) = mpsc::unbounded_channel::<Reply>();
-        let rounds = Arc::new(Semaphore::new(FLUSHES_IN_FLIGHT));
         tokio::spawn(async move {
             while let Some(first) = queue.recv().await {
-                let Ok(round) = rounds.clone().acquire_owned().await else {
-                    return;
-                };
                 // Let writers that are already running reach the queue, so
                 // one fsync serves more of them (costs no time when idle).
                 for _ in 0..4 {
@@ -57,17 +32,17 @@ impl GroupCommit {
                 while let Ok(more) = queue.try_recv() {
                     waiting.push(more);
                 }
-                let flush = flush.clone();
-                tokio::spawn(async move {
-                    let outcome = tokio::task::spawn_blocking(move || flush())
-                        .await
-                        .unwrap_or_else(|e| Err(e.to_string()));
-                    drop(round);
-                    metrics::histogram!(crate::metrics::COMMIT_BATCH).record(waiting.len() as f64);
-                    for reply in waiting {
-                        let _ = reply.send(outcome.clone());
-                    }
-                });
+                let Some(db) = db.upgrade() else {
+                    return;
+                };
+                let outcome = tokio::task::spawn_blocking(move || db.flush())
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map(drop).map_err(|e| e.to_string()));
+                metrics::histogram!(crate::metrics::COMMIT_BATCH).record(waiting.len() as f64);
+                for reply in waiting {
+                    let _ = reply.send(outcome.clone());
+                }
             }
         });
         Self { requests }
@@ -80,93 +55,5 @@ impl GroupCommit {
             .send(reply)
             .map_err(|_| "the flusher stopped".to_owned())?;
         done.await.map_err(|_| "the flusher stopped".to_owned())?
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::mpsc as std_mpsc;
-    use std::time::Duration;
-
-    use super::*;
-
-    /// A flush that blocks until the test releases it: each round hands the
-    /// test its own release.
-    fn held_flushes() -> (GroupCommit, mpsc::UnboundedReceiver<std_mpsc::Sender<()>>) {
-        let (started, rounds) = mpsc::unbounded_channel();
-        let commit = GroupCommit::with(move || {
-            let (release, released) = std_mpsc::channel();
-            started.send(release).unwrap();
-            released.recv().unwrap();
-            Ok(())
-        });
-        (commit, rounds)
-    }
-
-    fn flush(commit: &GroupCommit) -> tokio::task::JoinHandle<Result<(), String>> {
-        let commit = commit.clone();
-        tokio::spawn(async move { commit.flush().await })
-    }
-
-    /// The next round to start, which must start.
-    async fn next_round(
-        rounds: &mut mpsc::UnboundedReceiver<std_mpsc::Sender<()>>,
-    ) -> std_mpsc::Sender<()> {
-        tokio::time::timeout(Duration::from_secs(10), rounds.recv())
-            .await
-            .expect("no flush round started")
-            .unwrap()
-    }
-
-    /// Waits briefly for a round that should not start.
-    async fn no_round(rounds: &mut mpsc::UnboundedReceiver<std_mpsc::Sender<()>>) -> bool {
-        tokio::time::timeout(Duration::from_millis(100), rounds.recv())
-            .await
-            .is_err()
-    }
-
-    #[tokio::test]
-    async fn a_request_made_during_a_flush_starts_the_next_round_at_once() {
-        let (commit, mut rounds) = held_flushes();
-        let first = flush(&commit);
-        let first_round = next_round(&mut rounds).await;
-        let second = flush(&commit);
-        // The second round starts while the first still waits on the disk.
-        let second_round = next_round(&mut rounds).await;
-        // A third waits for one of them to end.
-        let third = flush(&commit);
-        assert!(no_round(&mut rounds).await);
-        assert!(!first.is_finished() && !second.is_finished() && !third.is_finished());
-
-        second_round.send(()).unwrap();
-        second.await.unwrap().unwrap();
-        let third_round = next_round(&mut rounds).await;
-        first_round.send(()).unwrap();
-        first.await.unwrap().unwrap();
-        assert!(!third.is_finished());
-        third_round.send(()).unwrap();
-        third.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_round_answers_only_requests_made_before_it_began() {
-        let (commit, mut rounds) = held_flushes();
-        let first = flush(&commit);
-        let first_round = next_round(&mut rounds).await;
-        let later = flush(&commit);
-        let later_round = next_round(&mut rounds).await;
-        first_round.send(()).unwrap();
-        first.await.unwrap().unwrap();
-        // The first round is over; the later request waits for its own.
-        assert!(no_round(&mut rounds).await);
-        assert!(!later.is_finished());
-        later_round.send(()).unwrap();
-        later.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_failed_flush_fails_its_waiters() {
-        let commit = GroupCommit::with(|| Err("disk on fire".to_owned()));
-        assert_eq!(commit.flush().await, Err("disk on fire".to_owned()));
     }
 }
