@@ -285,8 +285,6 @@ impl Drop for Ferry {
     }
 }
 
-/// `ferry ARGS` as an operator command against the Ferry at `url`, with
-/// none of this environment's `FERRY_*` settings; stdout and stderr piped.
 /// Whether `child` is still running (it has not exited on its own).
 pub(crate) fn running(child: &mut Option<Child>) -> bool {
     child
@@ -322,6 +320,8 @@ pub async fn exit_within(
     None
 }
 
+/// `ferry ARGS` as an operator command against the Ferry at `url`, with
+/// none of this environment's `FERRY_*` settings; stdout and stderr piped.
 pub fn cli(url: &str, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(binary());
     command
