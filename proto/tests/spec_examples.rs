@@ -211,6 +211,36 @@ fn subscription_event_flags_default_to_false() {
     assert!(!e.associative && !e.is_final);
 }
 
+/// rap-2: `subscription` "Defaults to false"; rap-3: "`associative`
+/// (default false), `final` (default false)". Tools that write an unset
+/// optional field as `null`, as the specs' examples write `call_id`, get
+/// the default, not a 400 that they would never retry. Another type is
+/// still refused.
+#[test]
+fn optional_flags_given_as_null_take_their_defaults() {
+    let Callback::SubscriptionEvent(e) = Callback::from_slice(
+        br#"{"type":"subscription_event","group_id":"g","tool_call_id":"c","text":"x","associative":null,"final":null}"#,
+    )
+    .unwrap() else {
+        panic!("not a subscription_event")
+    };
+    assert!(!e.associative && !e.is_final);
+    let Callback::ToolResult(r) = Callback::from_slice(
+        br#"{"type":"tool_result","group_id":"g","id":"c","call_id":null,"text":"t","subscription":null}"#,
+    )
+    .unwrap() else {
+        panic!("not a tool_result")
+    };
+    assert!(!r.subscription);
+    for body in [
+        &br#"{"type":"tool_result","group_id":"g","id":"c","text":"t","subscription":"yes"}"#[..],
+        br#"{"type":"subscription_event","group_id":"g","tool_call_id":"c","text":"x","final":1}"#,
+    ] {
+        let err = Callback::from_slice(body).unwrap_err();
+        assert!(err.to_string().contains("expected a boolean"), "{err}");
+    }
+}
+
 #[test]
 fn bad_callbacks_are_named() {
     let cases: [(&[u8], &str); 13] = [

@@ -164,8 +164,19 @@ pub struct ToolResult {
     pub content: Option<Vec<ContentItem>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display_as: Option<Vec<DisplaySegment>>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        deserialize_with = "null_is_false",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub subscription: bool,
+}
+
+/// An optional flag given as `null` is absent, as the specs' own examples
+/// write absent fields (`"call_id": null`): refusing it would be a 4xx, and
+/// a tool does not send a refused callback again (rap-3).
+fn null_is_false<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(deserializer)?.unwrap_or(false))
 }
 
 impl ToolResult {
@@ -247,9 +258,9 @@ pub struct SubscriptionEvent {
     pub group_id: String,
     pub tool_call_id: String,
     pub text: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub associative: bool,
-    #[serde(default, rename = "final")]
+    #[serde(default, rename = "final", deserialize_with = "null_is_false")]
     pub is_final: bool,
 }
 
