@@ -704,13 +704,23 @@ async fn a_result_too_large_to_record_fails_its_call_with_an_error() {
         let message = answer["error"]["message"].as_str().unwrap();
         assert!(!message.contains("error result"), "{case}: {message}");
     }
-    // A field given twice, the last time not as text: no callback.
-    let twice =
-        format!(r#"{{"type":"tool_result","group_id":"g","id":"big","text":"{text}","type":5}}"#);
-    let (status, answer) = api.post_raw(&url, twice.into_bytes()).await;
-    assert_eq!(status, 413, "{answer}");
-    let message = answer["error"]["message"].as_str().unwrap();
-    assert!(!message.contains("error result"), "{message}");
+    // A field given twice, the last time not as text; and bodies that are
+    // not JSON after their fields (issue 2: "Malformed JSON or missing
+    // fields: 400", which changes nothing): no callback.
+    let fields = r#"{"type":"tool_result","group_id":"g","id":"big","text":"#;
+    for (case, body) in [
+        ("twice", format!(r#"{fields}"{text}","type":5}}"#)),
+        (
+            "trailing garbage",
+            format!(r#"{fields}"{text}"}} <<<not json"#),
+        ),
+        ("unterminated", format!(r#"{fields}"{text}"#)),
+    ] {
+        let (status, answer) = api.post_raw(&url, body.into_bytes()).await;
+        assert_eq!(status, 413, "{case}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("error result"), "{case}: {message}");
+    }
     assert_eq!(api.events("g", 0).await, before, "nothing recorded");
 
     let (status, answer) = api.post_raw(&url, oversized(tool_result.clone())).await;

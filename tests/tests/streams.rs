@@ -566,6 +566,11 @@ async fn health_metrics_and_unknown_routes() {
         api.post(&invocation.callback_url, &wrong_thread).await.0,
         403
     );
+    // One refused for its size (over the default 1 MiB) never reaches the
+    // engine, and is counted by the type it names all the same.
+    let oversized = json!({"type": "oauth", "group_id": "g", "id": "c2",
+                           "auth_url": format!("https://auth.example/{}", "x".repeat(2 << 20))});
+    assert_eq!(api.post(&invocation.callback_url, &oversized).await.0, 413);
     let metrics = self::metrics(&api).await;
     let rejected = |kind: &str| {
         let label = format!("type=\"{kind}\",outcome=\"rejected\"");
@@ -573,6 +578,7 @@ async fn health_metrics_and_unknown_routes() {
     };
     assert_eq!(rejected("unknown"), Some(1.0), "{metrics}");
     assert_eq!(rejected("tool_result"), Some(1.0), "{metrics}");
+    assert_eq!(rejected("oauth"), Some(1.0), "{metrics}");
     // "a histogram of dispatch latency" (issue 2): buckets, not quantiles.
     let latency = "ferry_dispatch_latency_seconds";
     assert!(

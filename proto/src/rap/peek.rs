@@ -20,6 +20,9 @@ pub struct Peek {
     /// One of those three was there but not a string: the body is no
     /// callback, whatever else it says.
     pub misshapen: bool,
+    /// The body was one JSON object, read to its end: not cut off, and
+    /// with nothing but whitespace after it.
+    pub whole: bool,
 }
 
 impl Peek {
@@ -41,7 +44,7 @@ impl Peek {
         let mut found = Peek::default();
         // The error is where the body ends (or the JSON goes wrong):
         // whatever was read before it stands.
-        let _ = Fields(&mut found).deserialize(de);
+        found.whole = Fields(&mut found).deserialize(&mut *de).is_ok() && de.end().is_ok();
         found
     }
 }
@@ -162,6 +165,7 @@ mod tests {
                 group_id: Some("g".into()),
                 id: Some("c1".into()),
                 misshapen: false,
+                whole: true,
             }
         );
     }
@@ -222,6 +226,19 @@ mod tests {
         assert_eq!(found.kind.as_deref(), Some("tool_result"));
         assert_eq!(found.group_id.as_deref(), Some("g"));
         assert_eq!(found.id.as_deref(), Some("c1"));
+        assert!(!found.whole, "cut off");
+        assert!(Peek::of(body.as_bytes()).whole);
+        assert!(Peek::from_reader(format!("{body} \n").as_bytes()).whole);
+    }
+
+    #[test]
+    fn a_body_with_anything_after_its_object_is_not_whole() {
+        let body = r#"{"type": "tool_result", "group_id": "g", "id": "c1", "text": "x"}"#;
+        for tail in ["<<<not json", "{}", "1"] {
+            let found = Peek::of(format!("{body}{tail}").as_bytes());
+            assert_eq!(found.id.as_deref(), Some("c1"), "{tail}");
+            assert!(!found.whole, "{tail}");
+        }
     }
 
     #[test]
@@ -236,7 +253,11 @@ mod tests {
     #[test]
     fn only_top_level_fields_count() {
         let body = json!({"content": [{"type": "tool_result", "id": "x"}]});
-        assert_eq!(peek(&body), Peek::default());
+        let whole_but_nothing = Peek {
+            whole: true,
+            ..Peek::default()
+        };
+        assert_eq!(peek(&body), whole_but_nothing);
         let body = r#"{"content": [{"type": "text"}], "type": "subscription_event"}"#;
         let found = Peek::of(body.as_bytes());
         assert_eq!(found.kind.as_deref(), Some("subscription_event"));

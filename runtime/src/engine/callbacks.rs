@@ -18,7 +18,7 @@ impl Engine {
         let (kind, outcome) = match &result {
             Ok((kind, outcome)) => (*kind, outcome.name()),
             Err(e) => {
-                let kind = named_type(body);
+                let kind = type_label(Peek::of(body).kind.as_deref());
                 warn!(kind, error = %e, "callback refused");
                 (kind, "rejected")
             }
@@ -32,6 +32,16 @@ impl Engine {
     pub fn forged_callback(&self) {
         warn!(error = %Error::Forged, "callback refused");
         ::metrics::counter!(metrics::CALLBACKS, "type" => "unknown", "outcome" => "rejected")
+            .increment(1);
+    }
+
+    /// Counts and logs a callback refused for its size (413), under the
+    /// type its body named as far as `peek` read it: it never reaches
+    /// [`Engine::callback`], which counts the others.
+    pub fn oversized_callback(&self, peek: &Peek) {
+        let kind = type_label(peek.kind.as_deref());
+        warn!(kind, "callback refused: larger than the body limit");
+        ::metrics::counter!(metrics::CALLBACKS, "type" => kind, "outcome" => "rejected")
             .increment(1);
     }
 
@@ -66,13 +76,15 @@ impl Engine {
     /// Whether a callback refused for its size is its token's call's
     /// `tool_result`, by what `peek` read of its body: then
     /// [`Engine::result_refused`] should end the call. A forged token, a
-    /// body of another type, naming another call (or none), or with one of
-    /// those fields misshapen, is only refused.
+    /// body of another type, naming another call (or none), with one of
+    /// those fields misshapen, or not one whole JSON object (malformed, or
+    /// cut off past what is read through), is only refused.
     pub fn is_refused_result(&self, token: &str, peek: &Peek) -> bool {
         let Ok((group_id, id)) = self.caps.open(token) else {
             return false;
         };
-        !peek.misshapen
+        peek.whole
+            && !peek.misshapen
             && peek.kind.as_deref() == Some("tool_result")
             && peek.group_id.as_deref() == Some(group_id.as_str())
             && peek.id.as_deref() == Some(id.as_str())
@@ -181,11 +193,10 @@ fn status_label(status: CallStatus) -> String {
 }
 
 /// The callback type a refused body names, if it is one of RAP's, for the
-/// metrics label; `unknown` otherwise (only refusals pay for this read).
-fn named_type(body: &[u8]) -> &'static str {
-    let named = Peek::of(body).kind;
+/// metrics label; `unknown` otherwise (only refusals pay for reading it).
+fn type_label(named: Option<&str>) -> &'static str {
     Callback::TYPES
         .into_iter()
-        .find(|k| named.as_deref() == Some(*k))
+        .find(|k| named == Some(*k))
         .unwrap_or("unknown")
 }

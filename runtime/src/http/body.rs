@@ -248,6 +248,14 @@ mod tests {
         };
         assert_eq!(peek.kind.as_deref(), Some("tool_result"));
         assert_eq!(peek.group_id.as_deref(), Some("g"));
+        assert!(peek.whole);
+        // Past what is read through (16 times the limit), cut off.
+        let Err(BodyError::TooLarge { peek: Some(cut) }) =
+            read_body(post(body.clone()), 2, true).await
+        else {
+            panic!("over the limit, peeked");
+        };
+        assert!(!cut.whole && cut.kind.is_none(), "{cut:?}");
         // Not asked to peek: only refused.
         let refused = read_body(post(body.clone()), 16, false).await;
         assert!(matches!(refused, Err(BodyError::TooLarge { peek: None })));

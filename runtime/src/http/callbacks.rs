@@ -72,7 +72,8 @@ fn is_too_large(e: &ApiError) -> bool {
 }
 
 /// Refuses a callback for its size; if `peek` shows it was its call's
-/// `tool_result`, the call ends first with an error result saying so.
+/// `tool_result` (and well-formed JSON: malformed, it would be a 400 that
+/// changes nothing), the call ends first with an error result saying so.
 async fn refuse_for_size(
     app: &AppState,
     token: &str,
@@ -80,6 +81,7 @@ async fn refuse_for_size(
     limit: Option<usize>,
     mut refused: ApiError,
 ) -> ApiError {
+    app.engine.oversized_callback(peek);
     if !app.engine.is_refused_result(token, peek) {
         return refused;
     }
