@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use ferry_ops::args::http_url;
+use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
 use ferry_ops::operator::{self, Operator};
@@ -75,7 +75,7 @@ struct Serve {
         long = "tool-server",
         env = "FERRY_TOOL_SERVERS",
         value_delimiter = ',',
-        value_parser = http_url
+        value_parser = tool_server_url
     )]
     tool_servers: Vec<String>,
     /// Start the demo tool beside Ferry and register its toolset.
@@ -290,7 +290,7 @@ struct Runtime {
         long = "tool-server",
         env = "FERRY_TOOL_SERVERS",
         value_delimiter = ',',
-        value_parser = http_url
+        value_parser = tool_server_url
     )]
     tool_servers: Vec<String>,
     /// Largest accepted request body, in bytes.

@@ -347,10 +347,15 @@ fn values_that_could_only_fail_later_are_refused_at_start() {
     let worker = ["worker", "--nats", "nats://127.0.0.1:9"];
     let secret = ["--secret", "0123456789abcdef"];
     let public = ["--public-url", "http://127.0.0.1:9"];
-    let cases: [(&[&str], &[&str], &str); 8] = [
+    let cases: [(&[&str], &[&str], &str); 9] = [
         (&serve, &["--public-url", "127.0.0.1:8080"], "--public-url"),
         (&serve, &["--public-url", ""], "--public-url"),
         (&serve, &["--tool-server", "notaurl"], "--tool-server"),
+        (
+            &serve,
+            &["--tool-server", "http://agent:pw@127.0.0.1:9"],
+            "--tool-server",
+        ),
         (
             &serve,
             &["--oxp-wait-secs", "18446744073709551615"],

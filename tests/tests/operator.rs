@@ -369,6 +369,15 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() {
             "is not an http(s) URL",
         ),
         (
+            vec![
+                "toolsets".into(),
+                "add".into(),
+                "http://127.0.0.1:1/?v=2".into(),
+            ],
+            2,
+            "has a query or a fragment",
+        ),
+        (
             vec!["toolsets".into(), "show".into(), "nope".into()],
             1,
             "404 ",

@@ -368,6 +368,42 @@ async fn an_endpoint_that_is_not_a_url_invalidates_the_toolset() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_annotation_outside_rap_and_its_x_namespace_invalidates_the_toolset() {
+    // rap-3: "Annotations: `requiresAuth` (string), `readOnly`,
+    // `destructive` ..., `idempotent`, `longRunning` (all booleans); custom
+    // keys namespaced `x-…`."
+    let message = invalid_document_registers_nothing(json!({
+        "name": "Bad",
+        "tools": [ok_tool(), {
+            "name": "odd", "description": "d", "inputSchema": text_schema(),
+            "annotations": {"readOnly": true, "x-team": "search", "read_only": true}
+        }]
+    }))
+    .await;
+    assert!(
+        message.contains("odd")
+            && message.contains("\"read_only\"")
+            && !message.contains("\"x-team\""),
+        "{message}"
+    );
+
+    // Standard and `x-` keys alone are fine, and kept.
+    let tool = TestTool::with_manifest(json!({
+        "name": "Fine",
+        "tools": [{
+            "name": "ok", "description": "d", "inputSchema": text_schema(),
+            "annotations": {"readOnly": true, "x-team": "search"}
+        }]
+    }))
+    .await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let (status, reg) = api.register(&tool.url).await;
+    assert_eq!(status, 201, "{reg}");
+    assert_eq!(reg["tools"][0]["annotations"]["x-team"], "search", "{reg}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_clashing_tool_name_is_callable_only_when_qualified() {
     let alpha = TestTool::start("Alpha", &["search", "alpha_only"]).await;
     let beta = TestTool::start("Beta", &["search"]).await;
@@ -771,6 +807,25 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
         &api.register("ftp://127.0.0.1/").await,
         400,
         "invalid_request",
+    );
+    // rap-3: Ferry fetches `GET {base}/.well-known/rap-toolset`; a query or
+    // a fragment would swallow that path, so the server's URL is refused
+    // rather than fetched wrongly (it used to end in a misleading 502).
+    for suffix in ["?x=1", "#top"] {
+        let message = refused(
+            &api.register(&format!("{}{suffix}", tool.url)).await,
+            400,
+            "invalid_request",
+        );
+        assert!(message.contains("query or a fragment"), "{message}");
+    }
+    // Credentials would be shown to anyone who lists toolsets; the
+    // refusal does not echo them either.
+    let with_password = tool.url.replacen("http://", "http://agent:hunter2@", 1);
+    let message = refused(&api.register(&with_password).await, 400, "invalid_request");
+    assert!(
+        message.contains("user name or password") && !message.contains("hunter2"),
+        "{message}"
     );
     let answer = api.post_raw("/v1/toolsets", br#"{"url": "#.to_vec()).await;
     refused(&answer, 400, "invalid_json");

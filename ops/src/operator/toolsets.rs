@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::client::{Client, Failure};
 use super::{print, Connection};
-use crate::args::http_url;
+use crate::args::tool_server_url;
 
 #[derive(Args)]
 pub struct Toolsets {
@@ -25,7 +25,7 @@ enum ToolsetsCommand {
     /// Fetch `URL/.well-known/rap-toolset` and register what it serves.
     Add {
         /// The tool server's base URL (not `--url`, which names Ferry).
-        #[arg(value_name = "TOOL_SERVER_URL", value_parser = http_url)]
+        #[arg(value_name = "TOOL_SERVER_URL", value_parser = tool_server_url)]
         server: String,
         /// Register it as this version (semver; Ferry's default 1.0.0).
         #[arg(long)]

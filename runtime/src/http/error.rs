@@ -105,8 +105,11 @@ impl From<Error> for ApiError {
             return refused.into();
         }
         let (status, code) = classify(&e);
-        if status.is_server_error() {
-            tracing::error!(error = %e, "request failed");
+        match &e {
+            // A 502, but about the tool server the caller named, not Ferry.
+            Error::ToolsetUnreachable(_) => tracing::warn!(error = %e, "request failed"),
+            _ if status.is_server_error() => tracing::error!(error = %e, "request failed"),
+            _ => {}
         }
         let mut api = ApiError::new(status, code, e.to_string());
         if let Error::InvalidArguments(errors) = e {

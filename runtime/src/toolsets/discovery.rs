@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use ferry_proto::rap::Manifest;
 
+use super::validate::check_published;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("{0:?} is not an http(s) URL")]
+    #[error("{0}")]
     BadUrl(String),
     #[error("could not fetch {url}: {reason}")]
     Unreachable { url: String, reason: String },
@@ -18,15 +20,37 @@ pub enum DiscoveryError {
 /// The largest discovery document Ferry reads.
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
+/// Checks a tool server's base URL: http(s) with a host, and nothing that
+/// `{base}/.well-known/rap-toolset` could not be built on (a query or a
+/// fragment would swallow the path) or that Ferry would show to everyone
+/// who lists toolsets (a user name or password).
+pub fn check_base_url(base: &str) -> Result<(), String> {
+    let parsed = match url::Url::parse(base) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => url,
+        // Not echoed when it may hold a password; `url` cannot say.
+        _ if base.contains('@') => return Err("the tool server URL is not an http(s) URL".into()),
+        _ => return Err(format!("{base:?} is not an http(s) URL")),
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(
+            "a tool server URL must not carry a user name or password: Ferry shows it to anyone who lists toolsets"
+                .into(),
+        );
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!(
+            "{base:?} has a query or a fragment: a tool server's base URL is the part before /.well-known/rap-toolset"
+        ));
+    }
+    Ok(())
+}
+
 /// Normalises a base URL (no trailing slash) and fetches its manifest.
 pub async fn fetch_manifest(
     client: &reqwest::Client,
     base: &str,
 ) -> Result<(String, Manifest), DiscoveryError> {
-    let parsed = url::Url::parse(base).map_err(|_| DiscoveryError::BadUrl(base.to_owned()))?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-        return Err(DiscoveryError::BadUrl(base.to_owned()));
-    }
+    check_base_url(base).map_err(DiscoveryError::BadUrl)?;
     let base = base.trim_end_matches('/').to_owned();
     let url = format!("{base}/.well-known/rap-toolset");
     let unreachable = |reason: String| DiscoveryError::Unreachable {
@@ -66,9 +90,57 @@ pub async fn fetch_manifest(
         }
         body.extend_from_slice(&chunk);
     }
-    let manifest = serde_json::from_slice(&body).map_err(|e| DiscoveryError::Invalid {
+    let manifest: Manifest =
+        serde_json::from_slice(&body).map_err(|e| DiscoveryError::Invalid {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+    check_published(&manifest).map_err(|problems| DiscoveryError::Invalid {
         url: url.clone(),
-        reason: e.to_string(),
+        reason: problems.join("; "),
     })?;
     Ok((base, manifest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_base_url;
+
+    #[test]
+    fn a_base_url_is_http_with_a_host_and_nothing_after_its_path() {
+        for good in [
+            "http://127.0.0.1:9000",
+            "https://tools.example/",
+            "http://h/prefix/path",
+        ] {
+            assert_eq!(check_base_url(good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("not a url", "is not an http(s) URL"),
+            ("ftp://127.0.0.1/", "is not an http(s) URL"),
+            ("http://h/base?x=1", "has a query or a fragment"),
+            ("http://h/base#top", "has a query or a fragment"),
+            ("http://h/base?", "has a query or a fragment"),
+            (
+                "http://user:pw@h/base",
+                "must not carry a user name or password",
+            ),
+            (
+                "http://user@h/base",
+                "must not carry a user name or password",
+            ),
+            (
+                "http://:pw@h/base",
+                "must not carry a user name or password",
+            ),
+        ] {
+            let problem = check_base_url(bad).unwrap_err();
+            assert!(problem.contains(says), "{bad}: {problem}");
+        }
+        // A password is not echoed, even in a URL that does not parse.
+        let problem = check_base_url("http://user:secret@[::1/").unwrap_err();
+        assert!(!problem.contains("secret"), "{problem}");
+        let problem = check_base_url("http://user:secret@h/").unwrap_err();
+        assert!(!problem.contains("secret"), "{problem}");
+    }
 }

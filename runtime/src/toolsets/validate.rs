@@ -10,6 +10,8 @@ use jsonschema::Validator;
 use serde_json::map::Entry;
 use serde_json::{Map, Value};
 
+use ferry_proto::rap::Manifest;
+
 use super::StoredToolset;
 
 /// A validated toolset with each tool's schema compiled once.
@@ -95,6 +97,30 @@ pub fn validate(stored: StoredToolset) -> Result<LoadedToolset, Problems> {
     }
     if problems.is_empty() {
         Ok(LoadedToolset { stored, validators })
+    } else {
+        Err(problems)
+    }
+}
+
+/// Rules that Ferry enforces on a manifest as a server publishes it now
+/// (at registration and refresh), not on toolsets stored by earlier
+/// builds, which would otherwise vanish from the registry at start.
+pub fn check_published(m: &Manifest) -> Result<(), Problems> {
+    let mut problems = Problems::new();
+    for tool in &m.tools {
+        let Some(annotations) = &tool.annotations else {
+            continue;
+        };
+        // rap-3: "custom keys namespaced `x-…`".
+        for key in annotations.extra.keys().filter(|k| !k.starts_with("x-")) {
+            problems.push(format!(
+                "tool {:?}: annotation {key:?} is not one of requiresAuth, readOnly, destructive, idempotent, longRunning, and a custom one must start with \"x-\"",
+                tool.name
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
     } else {
         Err(problems)
     }
@@ -204,6 +230,26 @@ mod tests {
             Err(e) => Value::Object(e),
         };
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_published_annotation_is_a_rap_one_or_namespaced_x() {
+        let manifest = |annotations: Value| -> Manifest {
+            serde_json::from_value(json!({
+                "name": "T", "endpoint": "http://h/invoke",
+                "tools": [{"name": "t", "description": "d", "inputSchema": {},
+                           "annotations": annotations}]
+            }))
+            .unwrap()
+        };
+        let good = json!({"requiresAuth": "github", "readOnly": true, "destructive": false,
+                          "idempotent": true, "longRunning": true, "x-anything": [1]});
+        assert_eq!(check_published(&manifest(good)), Ok(()));
+        let problems =
+            check_published(&manifest(json!({"title": "T", "x-ok": 1, "X-upper": 2}))).unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("\"X-upper\""), "{problems:?}");
+        assert!(problems[1].contains("\"title\""), "{problems:?}");
     }
 
     #[test]
