@@ -848,6 +848,16 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
         .post("/v1/toolsets", &json!({"url": tool.url, "version": "one"}))
         .await;
     refused(&answer, 400, "invalid_request");
+    // Semver: build metadata "MUST be ignored when determining version
+    // precedence", so `1.0.0+b` would be `1.0.0` registered twice.
+    let answer = api
+        .post(
+            "/v1/toolsets",
+            &json!({"url": tool.url, "version": "1.0.0+build.5"}),
+        )
+        .await;
+    let message = refused(&answer, 400, "invalid_request");
+    assert!(message.contains("register it as 1.0.0"), "{message}");
     nothing_registered(&api).await;
     refused(&api.get("/v1/toolsets/Fine").await, 404, "not_found");
 
@@ -855,6 +865,16 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
     let (status, reg) = api.register(&tool.url).await;
     assert_eq!(status, 201, "{reg}");
     assert_eq!(reg["name"], "Fine");
+    // `?version=` reads as an operation's `@version` does: `1` is 1.0.0.
+    refused(
+        &api.delete("/v1/toolsets/Fine?version=one").await,
+        400,
+        "invalid_request",
+    );
+    let (status, removed) = api.delete("/v1/toolsets/Fine?version=1").await;
+    assert_eq!(status, 200, "{removed}");
+    assert_eq!(removed["removed_versions"], 1, "{removed}");
+    refused(&api.get("/v1/toolsets/Fine").await, 404, "not_found");
 }
 
 #[tokio::test(flavor = "multi_thread")]

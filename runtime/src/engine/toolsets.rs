@@ -94,6 +94,18 @@ impl Engine {
                 .map_err(|e| Error::InvalidRequest(format!("version {v:?} is not semver: {e}")))?,
             None => Version::new(1, 0, 0),
         };
+        // Semver gives build metadata no precedence: `1.0.0+b` beside
+        // `1.0.0` would be two registrations of one version, and which is
+        // the latest a tie-break of text.
+        if !version.build.is_empty() {
+            let plain = Version {
+                build: semver::BuildMetadata::EMPTY,
+                ..version.clone()
+            };
+            return Err(Error::InvalidRequest(format!(
+                "version {version} has build metadata, which semver ranks as no version of its own: register it as {plain}"
+            )));
+        }
         let (url, manifest) = fetch_manifest(&self.client, url)
             .await
             .map_err(|e| match e {

@@ -84,16 +84,14 @@ pub async fn show(
     ))
 }
 
+/// `?version=`, read as an operation's `@version` is: `1` and `1.2` are
+/// `1.0.0` and `1.2.0`.
 fn version(query: &HashMap<String, String>) -> Result<Option<semver::Version>, ApiError> {
     query
         .get("version")
         .map(|v| {
-            semver::Version::parse(v).map_err(|e| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    format!("version {v:?}: {e}"),
-                )
+            crate::toolsets::parse_version(v).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
             })
         })
         .transpose()

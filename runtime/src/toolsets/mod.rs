@@ -15,7 +15,7 @@ pub use policy::{
     ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS,
 };
 pub use registry::{Registry, Resolved};
-pub use resolve::{OperationName, ResolveError};
+pub use resolve::{parse_version, OperationName, ResolveError};
 pub use validate::{check_arguments, validate, ArgumentErrors, LoadedToolset};
 
 /// A toolset as registered: what was fetched, from where, under which
