@@ -263,6 +263,83 @@ async fn a_transient_failure_retried_with_the_same_call_id_runs_again() {
     assert_eq!(tool.invocations().len(), 4 + 12);
 }
 
+/// Calls `tool_id` with `call_id` and answers the invocation with `text`:
+/// the OXP answer's `result`.
+async fn answered_call(
+    ferry: &Ferry,
+    tool: &TestTool,
+    tool_id: &str,
+    call_id: &str,
+    text: &str,
+) -> Value {
+    let call = tokio::spawn({
+        let (url, tool_id, call_id) = (ferry.url.clone(), tool_id.to_owned(), call_id.to_owned());
+        async move { oxp_call(&url, &tool_id, json!({"text": "x"}), &call_id).await }
+    });
+    let invoked = tool.next_invocation().await.invocation;
+    let posted = reqwest::Client::new()
+        .post(&invoked.callback_url)
+        .json(&json!({"type": "tool_result", "group_id": invoked.group_id, "id": invoked.id, "text": text}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 200);
+    call.await.unwrap()
+}
+
+/// OXP's retry flow ("retry with the same call_id") keeps working when
+/// the toolsets change under it: a retry is answered by the call already
+/// under its `call_id`, as a native retry is, after a newer version was
+/// registered (the unversioned `tool_id` now resolves to it) and after the
+/// call's own version was removed. Before, both retries were refused as
+/// "a different call" or as an unknown version, and the result was out of
+/// the client's reach.
+#[tokio::test]
+async fn a_retry_reaches_its_call_after_the_toolset_versions_change() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    let done = answered_call(&ferry, &tool, "t.op", "c1", "one").await;
+    assert_eq!(done["value"], "one", "{done}");
+
+    let register = json!({"url": tool.url, "version": "2.0.0"});
+    assert_eq!(api.post("/v1/toolsets", &register).await.0, 201);
+    let again = oxp_call(&ferry.url, "t.op", json!({"text": "x"}), "c1").await;
+    assert_eq!(again["value"], "one", "{again}");
+    let pinned = oxp_call(&ferry.url, "t.op@1", json!({"text": "x"}), "c1").await;
+    assert_eq!(pinned["value"], "one", "{pinned}");
+    assert_eq!(tool.invocations().len(), 1, "no second invocation");
+
+    let done = answered_call(&ferry, &tool, "t.op@2", "c2", "two").await;
+    assert_eq!(done["value"], "two", "{done}");
+    let (status, removed) = api.delete("/v1/toolsets/t?version=2").await;
+    assert_eq!(status, 200, "{removed}");
+    let again = oxp_call(&ferry.url, "t.op@2.0.0", json!({"text": "x"}), "c2").await;
+    assert_eq!(again["value"], "two", "{again}");
+    // Another version, another tool or another input under the call_id
+    // is still a different call; a new call of the removed version is an
+    // unknown version.
+    for (tool_id, input) in [
+        ("t.op@1", json!({"text": "x"})),
+        ("t.other", json!({"text": "x"})),
+        ("t.op@2", json!({"text": "y"})),
+    ] {
+        let refused = oxp_call(&ferry.url, tool_id, input, "c2").await;
+        assert_eq!(refused["status"], 400, "{tool_id}: {refused}");
+    }
+    let unknown = oxp_call(&ferry.url, "t.op@2", json!({"text": "x"}), "c3").await;
+    assert_eq!(unknown["status"], 400, "{unknown}");
+    assert!(
+        unknown.to_string().contains("has no version 2.0.0"),
+        "{unknown}"
+    );
+    assert_eq!(tool.invocations().len(), 2, "no third invocation");
+}
+
 #[tokio::test]
 async fn a_gated_call_waits_and_its_call_id_attaches_to_the_same_call() {
     let ferry = Ferry::start(demo_with(&["--oxp-wait-secs", "1"])).await;

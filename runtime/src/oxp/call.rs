@@ -29,7 +29,7 @@ use ferry_proto::api::{CallStatus, SubmitCall};
 use serde_json::{json, Map, Value};
 use tracing::{info, instrument, Instrument};
 
-use super::names::{valid_tool_id, Index, NotFound};
+use super::names::{names_operation, valid_tool_id, Index, NotFound};
 use super::wire::{request_validator, supported_schema, OxpError, SCHEMA};
 use super::Oxp;
 use crate::engine::Error;
@@ -155,16 +155,6 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
             "tool_id must match ^[A-Za-z0-9_]+\\.[A-Za-z0-9_]+(@([0-9]+|[0-9]+\\.[0-9]+\\.[0-9]+))?$",
         ));
     }
-    let index = Index::build(&oxp.engine.toolsets());
-    let tool = index.resolve(&tool_id).map_err(|e| {
-        let developer = match &e {
-            NotFound::Version { available, .. } => {
-                format!("{tool_id}: available versions are {}", available.join(", "))
-            }
-            NotFound::Tool(_) => format!("no tool is served as {tool_id}; see GET /oxp/tools"),
-        };
-        bad(&e.to_string(), developer)
-    })?;
     let user_id = request
         .get("context")
         .and_then(|c| c.get("user_id"))
@@ -180,8 +170,12 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     let group_id = thread_of(user_id.as_deref());
     let span = tracing::info_span!("oxp_call", group_id = ?group_id, call_id = ?id,
         tool_id = ?tool_id, trace_id = text("trace_id").unwrap_or_default());
+    let operation = match earlier_operation(oxp, &group_id, &id, &tool_id).await {
+        Some(operation) => operation,
+        None => resolve(oxp, &tool_id)?,
+    };
     let submit = SubmitCall {
-        operation: tool.operation(),
+        operation,
         arguments: request.get("input").cloned().unwrap_or_else(|| json!({})),
         group_id: group_id.clone(),
         id: Some(id.clone()),
@@ -190,6 +184,32 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         thread_ancestors: None,
     };
     settle(oxp, submit).instrument(span).await
+}
+
+/// The native operation that `tool_id` names now (`Toolset.tool@x.y.z`).
+fn resolve(oxp: &Oxp, tool_id: &str) -> Result<String, OxpError> {
+    let index = Index::build(&oxp.engine.toolsets());
+    let tool = index.resolve(tool_id).map_err(|e| {
+        let developer = match &e {
+            NotFound::Version { available, .. } => {
+                format!("{tool_id}: available versions are {}", available.join(", "))
+            }
+            NotFound::Tool(_) => format!("no tool is served as {tool_id}; see GET /oxp/tools"),
+        };
+        bad(&e.to_string(), developer)
+    })?;
+    Ok(tool.operation())
+}
+
+/// The operation of the call already under this `call_id`, when `tool_id`
+/// names it: a retry is answered by that call (or its reruns), as a native
+/// retry is, even once a newer version is registered (`tool_id` without a
+/// version would now resolve to it) or its own was removed. Whether the
+/// input matches is the submission's own check (a conflict).
+async fn earlier_operation(oxp: &Oxp, group_id: &str, id: &str, tool_id: &str) -> Option<String> {
+    let earlier = oxp.engine.call(group_id, id).await.ok()?;
+    let operation = earlier.submission.operation;
+    names_operation(tool_id, &operation).then_some(operation)
 }
 
 /// The Ferry call that answers `submit` now: its `call_id`'s own, or,

@@ -170,34 +170,83 @@ impl Index {
     /// Resolves a pattern-checked id by the OXP rules: `@x.y.z` exact, `@x`
     /// means `x.0.0`, no version the latest.
     pub fn resolve(&self, tool_id: &str) -> Result<&OxpTool, NotFound> {
+        let id = ToolId::parse(tool_id);
+        let name = id.name();
+        let versions = self
+            .tools
+            .get(&(id.toolkit.to_owned(), id.tool.to_owned()))
+            .ok_or_else(|| NotFound::Tool(name.clone()))?;
+        let wanted = match id.version {
+            None => {
+                return crate::toolsets::latest(versions.keys())
+                    .and_then(|v| versions.get(v))
+                    .ok_or(NotFound::Tool(name));
+            }
+            Some(Some(wanted)) => wanted,
+            Some(None) => return Err(NotFound::Tool(tool_id.to_owned())),
+        };
+        versions.get(&wanted).ok_or_else(|| NotFound::Version {
+            tool: name,
+            version: wanted.clone(),
+            available: versions.keys().map(Version::to_string).collect(),
+        })
+    }
+}
+
+/// A pattern-checked OXP tool id, in parts.
+struct ToolId<'a> {
+    toolkit: &'a str,
+    tool: &'a str,
+    /// `None` without `@`; `Some(None)` for a version that is no number.
+    version: Option<Option<Version>>,
+}
+
+impl<'a> ToolId<'a> {
+    fn parse(tool_id: &'a str) -> Self {
         let (name, version) = match tool_id.split_once('@') {
             Some((name, v)) => (name, Some(v)),
             None => (tool_id, None),
         };
         let (toolkit, tool) = name.split_once('.').unwrap_or((name, ""));
-        let versions = self
-            .tools
-            .get(&(toolkit.to_owned(), tool.to_owned()))
-            .ok_or_else(|| NotFound::Tool(name.to_owned()))?;
-        let Some(v) = version else {
-            return crate::toolsets::latest(versions.keys())
-                .and_then(|v| versions.get(v))
-                .ok_or_else(|| NotFound::Tool(name.to_owned()));
-        };
         // OXP's `x` and `x.y.z` are integers, so `01.0.0` is `1.0.0`
         // (semver's own parser refuses leading zeros).
-        let numbers: Result<Vec<u64>, _> = v.split('.').map(str::parse).collect();
-        let wanted = match numbers.as_deref() {
-            Ok(&[major]) => Version::new(major, 0, 0),
-            Ok(&[major, minor, patch]) => Version::new(major, minor, patch),
-            _ => return Err(NotFound::Tool(tool_id.to_owned())),
-        };
-        versions.get(&wanted).ok_or_else(|| NotFound::Version {
-            tool: name.to_owned(),
-            version: wanted.clone(),
-            available: versions.keys().map(Version::to_string).collect(),
-        })
+        let version = version.map(|v| {
+            let numbers: Result<Vec<u64>, _> = v.split('.').map(str::parse).collect();
+            match numbers.as_deref() {
+                Ok(&[major]) => Some(Version::new(major, 0, 0)),
+                Ok(&[major, minor, patch]) => Some(Version::new(major, minor, patch)),
+                _ => None,
+            }
+        });
+        ToolId {
+            toolkit,
+            tool,
+            version,
+        }
     }
+
+    fn name(&self) -> String {
+        format!("{}.{}", self.toolkit, self.tool)
+    }
+}
+
+/// Whether `operation`, the native operation an OXP call was stored under
+/// (`Toolset.tool@x.y.z`), is what `tool_id` names by OXP's naming rule,
+/// whatever is registered now: a retry of that call then attaches to it
+/// even after a newer version was registered or its own was removed.
+pub fn names_operation(tool_id: &str, operation: &str) -> bool {
+    let Ok(crate::toolsets::OperationName::Qualified {
+        toolset,
+        tool,
+        version: Some(stored),
+    }) = crate::toolsets::OperationName::parse(operation)
+    else {
+        return false;
+    };
+    let id = ToolId::parse(tool_id);
+    oxp_part(toolset) == id.toolkit
+        && oxp_part(tool) == id.tool
+        && id.version.is_none_or(|wanted| wanted == Some(stored))
 }
 
 /// Whether `tool_id` matches OXP's `ToolId` pattern
@@ -219,6 +268,26 @@ pub fn valid_tool_id(tool_id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_operation_is_named_by_its_oxp_id_with_or_without_its_version() {
+        assert!(names_operation("demo.echo", "demo.echo@1.2.0"));
+        assert!(names_operation("demo.echo@1", "demo.echo@1.0.0"));
+        assert!(names_operation("demo.echo@01.0.0", "demo.echo@1.0.0"));
+        assert!(names_operation("demo.echo@1.2.0", "demo.echo@1.2.0"));
+        assert!(!names_operation("demo.echo@1", "demo.echo@1.2.0"));
+        assert!(!names_operation("demo.echo", "demo.other@1.0.0"));
+        assert!(!names_operation("demo.echo", "other.echo@1.0.0"));
+        let dashed = format!("{}.{}", oxp_part("my-tools"), oxp_part("look-up"));
+        assert!(names_operation(&dashed, "my-tools.look-up@2.0.0"));
+        assert!(!names_operation(
+            "my_tools.look_up",
+            "my-tools.look-up@2.0.0"
+        ));
+        // Not how OXP calls are stored: no version, or not qualified.
+        assert!(!names_operation("demo.echo", "demo.echo"));
+        assert!(!names_operation("demo.echo", "echo"));
+    }
 
     #[test]
     fn names_that_fit_stay_and_others_never_merge() {
