@@ -9,7 +9,7 @@ use ferry_proto::api::{CallStatus, SubmitCall};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::client::{Client, Failure};
+use super::client::{printable, Client, Failure};
 use super::{print, Connection};
 
 #[derive(Args)]
@@ -231,7 +231,8 @@ async fn wait_for_outcome(
     }
 }
 
-/// What a person has to do before the call can go on, if anything.
+/// What a person has to do before the call can go on, if anything, made
+/// printable: the names are the agent's and an `auth_url` the tool's.
 fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value) -> Option<String> {
     // Names that look like options need `--` before them.
     let dashes = if group_id.starts_with('-') || id.starts_with('-') {
@@ -240,7 +241,7 @@ fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value)
         ""
     };
     let call_ref = format!("{dashes}{} {}", shell_word(group_id), shell_word(id));
-    match status {
+    let why = match status {
         CallStatus::PendingApproval => Some(format!(
             "the call waits for a reviewer: ferry approvals approve {call_ref} (or reject)"
         )),
@@ -252,7 +253,8 @@ fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value)
             "the call waits for the user's choice: ferry calls choose {call_ref} CHOICE"
         )),
         _ => None,
-    }
+    };
+    why.map(|why| printable(&why))
 }
 
 /// `text` as one word for a POSIX shell, quoted when it needs to be.
@@ -280,7 +282,9 @@ fn succeeded(call: &Value) -> Result<(), Failure> {
         "cancelled" | "rejected" => format!("the call was {status}"),
         other => format!("the call ended {other}"),
     };
-    let text = call["result"]["text"].as_str().unwrap_or("");
+    // The tool's (or a reviewer's) words: they may neither start a line
+    // of their own nor drive the terminal.
+    let text = printable(call["result"]["text"].as_str().unwrap_or(""));
     Err(Failure::Unsuccessful(if text.is_empty() {
         how
     } else {
@@ -314,6 +318,11 @@ mod tests {
         }
         let cancelled = succeeded(&json!({"status": "cancelled"})).unwrap_err();
         assert_eq!(cancelled.to_string(), "the call was cancelled");
+        let forged = json!({"status": "rejected", "result": {"text": "Error: \u{1b}[2Jno\nferry: approved OK"}});
+        assert_eq!(
+            succeeded(&forged).unwrap_err().to_string(),
+            "the call was rejected: Error: \\u{1b}[2Jno\\nferry: approved OK"
+        );
     }
 
     #[test]
@@ -325,5 +334,14 @@ mod tests {
         assert_eq!(shell_word(""), "''");
         let hint = waiting_on_people(CallStatus::PendingApproval, "-g", "c", &json!({}));
         assert!(hint.unwrap().contains("ferry approvals approve -- -g c"));
+        let hint = waiting_on_people(
+            CallStatus::AwaitingAuth,
+            "g",
+            "c",
+            &json!({"auth_url": "https://a.example/\u{1b}[31m\nferry: done"}),
+        );
+        assert!(!hint.unwrap().contains(['\u{1b}', '\n']));
+        let hint = waiting_on_people(CallStatus::AwaitingUser, "g\u{1b}[2J", "c", &json!({}));
+        assert!(!hint.unwrap().contains('\u{1b}'));
     }
 }
