@@ -152,6 +152,7 @@ impl Engine {
         Ok(Gate {
             deadline: humantime::format_rfc3339_seconds(deadline).to_string(),
             inherited,
+            ancestors: ancestors.map(<[String]>::to_vec),
         })
     }
 

@@ -610,6 +610,7 @@ pub(crate) mod tests {
         gated.gate = Some(crate::thread::Gate {
             deadline: "2099-01-01T00:00:00Z".into(),
             inherited: None,
+            ancestors: None,
         });
         engine.execute("g", Command::Submit(gated)).await.unwrap();
         // Allowed and stored, but the work reaches no worker.

@@ -593,7 +593,19 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
             .grants
             .get(grant_key(&call.tool))
             .map(|kind| (*kind, state.meta.group_id.clone()));
-        match own.or_else(|| gate.inherited.clone()) {
+        // The ancestors the thread has once this call is applied (its
+        // first call naming any sets them).
+        let ancestors = state
+            .meta
+            .ancestors
+            .as_ref()
+            .or(call.submission.thread_ancestors.as_ref())
+            .filter(|a| !a.is_empty());
+        let inherited = gate
+            .inherited
+            .clone()
+            .filter(|_| ancestors == gate.ancestors.as_ref().filter(|a| !a.is_empty()));
+        match own.or(inherited) {
             Some((kind, from)) => changes.extend(decided(
                 &call.id,
                 &call.tool,

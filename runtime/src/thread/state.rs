@@ -187,6 +187,11 @@ pub struct Gate {
     /// The nearest ancestor's standing decision for the tool, and that
     /// ancestor's `group_id`.
     pub inherited: Option<(PermissionKind, String)>,
+    /// The ancestors `inherited` was read for: the thread's recorded ones,
+    /// or the call's own while it had none. Read before the thread's turn,
+    /// so the decision holds only if the thread still has these when the
+    /// call is decided (a first call naming others may have come between).
+    pub ancestors: Option<Vec<String>>,
 }
 
 /// The metadata of a thread and the calls a command touches.

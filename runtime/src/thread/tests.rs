@@ -777,12 +777,27 @@ fn the_fold_of_the_log_rebuilds_the_state() {
 }
 
 fn gated(id: &str, inherited: Option<(PermissionKind, &str)>) -> Command {
+    gated_under(id, inherited, None, None)
+}
+
+/// A gated call naming `named` ancestors, whose grants the engine read for
+/// the ancestors `read_for`.
+fn gated_under(
+    id: &str,
+    inherited: Option<(PermissionKind, &str)>,
+    named: Option<&[&str]>,
+    read_for: Option<&[&str]>,
+) -> Command {
+    let names = |list: Option<&[&str]>| list.map(|l| l.iter().map(|a| a.to_string()).collect());
+    let mut call = new_call(id, json!({}));
+    call.submission.thread_ancestors = names(named);
     Command::Submit(NewCall {
         gate: Some(Gate {
             deadline: "2026-01-01T00:05:00Z".into(),
             inherited: inherited.map(|(k, g)| (k, g.to_owned())),
+            ancestors: names(read_for),
         }),
-        ..new_call(id, json!({}))
+        ..call
     })
 }
 
@@ -926,6 +941,42 @@ fn an_inherited_grant_is_applied_not_copied() {
     assert!(state.meta.grants.is_empty(), "{:?}", state.meta.grants);
     assert_eq!(status(&state, "a"), CallStatus::Queued);
     assert_eq!(status(&state, "b"), CallStatus::Rejected);
+}
+
+/// A gate's grant is read before the thread's turn. Two first calls at
+/// once, naming different ancestors: the one applied first gives the thread
+/// its ancestors, and the other, whose grant was read for its own, must not
+/// be decided by it (a review saw a call run on such a grant in 2 threads
+/// of 60). Read for the ancestors the thread has, the grant decides.
+#[test]
+fn a_grant_read_for_other_ancestors_than_the_threads_decides_nothing() {
+    let state = check(vec![
+        (
+            gated_under("a", None, Some(&["NG"]), Some(&["NG"])),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            gated_under(
+                "b",
+                Some((PermissionKind::AllowAlways, "PG")),
+                Some(&["PG"]),
+                Some(&["PG"]),
+            ),
+            Ok(&["call_accepted", "approval_requested"]),
+        ),
+        (
+            gated_under(
+                "c",
+                Some((PermissionKind::AllowAlways, "NG")),
+                Some(&["PG"]),
+                Some(&["NG"]),
+            ),
+            Ok(&["call_accepted", "approval_decided"]),
+        ),
+    ]);
+    assert_eq!(state.meta.ancestors, Some(vec!["NG".to_owned()]));
+    assert_eq!(status(&state, "b"), CallStatus::PendingApproval);
+    assert_eq!(status(&state, "c"), CallStatus::Queued);
 }
 
 #[test]
