@@ -89,8 +89,15 @@ fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
             reviewer.len()
         ));
     }
-    if reviewer.chars().any(char::is_control) {
-        return Some(format!("reviewer {reviewer:?} contains control characters"));
+    // U+2028 and U+2029 are no control characters to Unicode, but line
+    // breaks to a log line or a page.
+    if reviewer
+        .chars()
+        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
+        return Some(format!(
+            "reviewer {reviewer:?} contains control characters or line breaks"
+        ));
     }
     if reviewer.chars().any(is_invisible) {
         return Some(format!(
@@ -400,6 +407,9 @@ mod tests {
             "\u{200b}ana",
             "an\u{2060}a",
             "\u{e0061}ana",
+            "ana\u{2028}ferry: approved",
+            "ana\u{2029}",
+            "ana\nbob",
         ] {
             assert!(refuse_reviewer(name, None).is_some(), "{name:?}");
         }
