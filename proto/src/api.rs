@@ -257,6 +257,9 @@ pub enum EventKind {
     ChoiceMade {
         index: usize,
         choice: String,
+        /// The user dismissed the prompt: `index` is its `default` (rap-3).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        dismissed: bool,
     },
     /// The tool's `response_url` accepted the answer.
     ChoiceDelivered {},

@@ -59,6 +59,33 @@ async fn an_answer_is_recorded_then_delivered_to_the_tool() {
     assert_eq!(api.call("g", "c").await.1["status"], "awaiting_user");
 }
 
+/// rap-3: the runtime POSTs `{"id", "selected"}` to `response_url` ("the
+/// `default` index if the user dismisses"). Before, nothing could dismiss
+/// a prompt, and the `default` was never sent.
+#[tokio::test]
+async fn a_dismissed_prompt_sends_the_tool_its_default() {
+    let (ferry, tool, url) = setup().await;
+    let api = ferry.api();
+    let mut asked = prompt(&tool);
+    asked["default"] = json!(1);
+    assert_eq!(api.post(&url, &asked).await.0, 200);
+    let (status, call) = api
+        .post("/v1/threads/g/calls/c/choice", &json!({"dismiss": true}))
+        .await;
+    assert_eq!(status, 200, "{call}");
+    let (kind, body) = tool.next_notice().await;
+    assert_eq!(
+        (kind.as_str(), body),
+        ("choice", json!({"id": "c", "selected": 1}))
+    );
+    let made = api.wait_for("g", "c", "choice_made").await;
+    assert_eq!(
+        made["payload"],
+        json!({"index": 1, "choice": "us-east", "dismissed": true})
+    );
+    api.wait_for("g", "c", "choice_delivered").await;
+}
+
 #[tokio::test]
 async fn bad_answers_are_refused_and_change_nothing() {
     let (ferry, tool, url) = setup().await;
@@ -83,6 +110,9 @@ async fn bad_answers_are_refused_and_change_nothing() {
             "invalid_request",
         ),
         (json!({}), 400, "invalid_request"),
+        (json!({"dismiss": false}), 400, "invalid_request"),
+        (json!({"dismiss": true, "index": 0}), 400, "invalid_request"),
+        (json!({"dismiss": "yes"}), 400, "invalid_request"),
     ];
     for (body, status, code) in cases {
         let (got, reply) = api.post("/v1/threads/g/calls/c/choice", &body).await;

@@ -532,6 +532,18 @@ async fn reviewers_decide_and_users_choose_from_the_command_line() {
     assert_eq!(waited.json()["status"], "completed");
     let chosen = api.wait_for(THREAD, "p1", "choice_made").await;
     assert_eq!(chosen["payload"]["index"], 1, "{chosen}");
+
+    // Dismissed: the tool gets the prompt's default.
+    api.submit(json!({"operation": "pick_region", "arguments": {}, "group_id": THREAD, "id": "p2"}))
+        .await;
+    let asked = api.wait_for(THREAD, "p2", "user_choice").await;
+    ok(&ferry, &["calls", "choose", THREAD, "p2", "--dismiss"]).await;
+    let chosen = api.wait_for(THREAD, "p2", "choice_made").await;
+    assert_eq!(
+        (&chosen["payload"]["index"], &chosen["payload"]["dismissed"]),
+        (&asked["payload"]["default"], &json!(true)),
+        "{chosen}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

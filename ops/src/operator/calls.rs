@@ -32,15 +32,18 @@ enum CallsCommand {
     /// Cancel a pending call, or an active subscription.
     Cancel { group_id: String, id: String },
     /// Answer a call that waits on the user's choice: by the choice's text,
-    /// or by its position with `--index`.
+    /// by its position with `--index`, or dismiss it with `--dismiss`.
     Choose {
         group_id: String,
         id: String,
-        #[arg(required_unless_present = "index", conflicts_with = "index")]
+        #[arg(required_unless_present_any = ["index", "dismiss"], conflicts_with_all = ["index", "dismiss"])]
         choice: Option<String>,
         /// The choice's position among the choices, counting from 0.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "dismiss")]
         index: Option<u64>,
+        /// Dismiss the prompt: the tool is sent its default choice.
+        #[arg(long)]
+        dismiss: bool,
     },
 }
 
@@ -97,8 +100,10 @@ impl Calls {
                 id,
                 choice,
                 index,
+                dismiss,
             } => {
                 let body = match (choice, index) {
+                    _ if *dismiss => json!({ "dismiss": true }),
                     (_, Some(index)) => json!({ "index": index }),
                     (choice, None) => json!({ "choice": choice }),
                 };
@@ -250,7 +255,7 @@ fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value)
             call["auth_url"].as_str().unwrap_or("(no auth_url given)")
         )),
         CallStatus::AwaitingUser => Some(format!(
-            "the call waits for the user's choice: ferry calls choose {call_ref} CHOICE"
+            "the call waits for the user's choice: ferry calls choose {call_ref} CHOICE (or --dismiss)"
         )),
         _ => None,
     };

@@ -51,6 +51,9 @@ pub enum Request {
         id: String,
         index: Option<usize>,
         text: Option<String>,
+        /// The user dismissed the prompt (neither `index` nor `text`).
+        #[serde(default)]
+        dismissed: bool,
     },
     Decide {
         group_id: String,
@@ -177,13 +180,15 @@ impl Engine {
                 id,
                 index,
                 text,
+                dismissed,
             } => {
-                let answer = match (index, text) {
-                    (Some(i), None) => Answer::Index(i),
-                    (None, Some(text)) => Answer::Text(text),
+                let answer = match (index, text, dismissed) {
+                    (Some(i), None, false) => Answer::Index(i),
+                    (None, Some(text), false) => Answer::Text(text),
+                    (None, None, true) => Answer::Dismissed,
                     _ => {
                         return Err(Error::InvalidRequest(
-                            "give exactly one of \"index\" or \"choice\"".into(),
+                            "give exactly one of \"index\", \"choice\" or \"dismiss\": true".into(),
                         ))
                     }
                 };

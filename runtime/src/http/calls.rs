@@ -124,8 +124,9 @@ fn render(result: Option<&ferry_proto::api::CallResult>, wanted: &[&str]) -> Val
         .unwrap_or_else(|| json!({"type": "text", "content": result.text}))
 }
 
-/// `POST /v1/threads/{g}/calls/{id}/choice`: `{"index": i}` or
-/// `{"choice": "text"}`.
+/// `POST /v1/threads/{g}/calls/{id}/choice`: `{"index": i}`,
+/// `{"choice": "text"}`, or `{"dismiss": true}` (the prompt's `default`
+/// is sent, rap-3).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Choice {
@@ -134,6 +135,8 @@ pub struct Choice {
     index: Option<i64>,
     #[serde(default)]
     choice: Option<String>,
+    #[serde(default)]
+    dismiss: bool,
 }
 
 pub async fn choose(
@@ -141,11 +144,16 @@ pub async fn choose(
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(choice): JsonBody<Choice>,
 ) -> Result<Response, ApiError> {
-    if choice.index.is_some() == choice.choice.is_some() {
+    let given = [
+        choice.index.is_some(),
+        choice.choice.is_some(),
+        choice.dismiss,
+    ];
+    if given.into_iter().filter(|g| *g).count() != 1 {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
-            "give exactly one of \"index\" or \"choice\"",
+            "give exactly one of \"index\", \"choice\" or \"dismiss\": true",
         ));
     }
     let index = choice.index.map(usize::try_from).transpose().map_err(|_| {
@@ -163,6 +171,7 @@ pub async fn choose(
         id,
         index,
         text: choice.choice,
+        dismissed: choice.dismiss,
     };
     call_reply(&app, &group_id, request).await
 }

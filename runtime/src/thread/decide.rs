@@ -112,11 +112,13 @@ pub enum Command {
     },
 }
 
-/// A user's answer: by index, or by the text of a choice.
+/// A user's answer: by index, by the text of a choice, or none (the
+/// prompt dismissed, which answers its `default`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Answer {
     Index(usize),
     Text(String),
+    Dismissed,
 }
 
 impl Command {
@@ -436,12 +438,16 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                         .ok_or_else(|| {
                             Rejection::BadChoice(format!("{text:?} is not one of the choices"))
                         })?,
+                    // rap-3: "the `default` index if the user dismisses";
+                    // checked in range when the prompt came.
+                    Answer::Dismissed => pending.default,
                 };
             Ok(Decision::applied(vec![Change::of(
                 id,
                 EventKind::ChoiceMade {
                     index,
                     choice: pending.choices[index].clone(),
+                    dismissed: *answer == Answer::Dismissed,
                 },
             )]))
         }
