@@ -332,6 +332,33 @@ async fn a_newer_answer_is_delivered_while_an_older_one_is_retried() {
     assert_eq!(api.count("g", "c", "choice_made").await, 2);
 }
 
+/// A newer answer does not wait out an older one's backoff: the older
+/// delivery, pausing between retries, is woken and ends. Seven failed
+/// sends put the older one in a 6.4 s pause (0.1 s doubling); the newer
+/// answer is delivered within 3 s of being made. Before, it waited for
+/// the pause to end (up to a minute, the backoff's cap; a review saw
+/// 11.4 s).
+#[tokio::test]
+async fn a_newer_answer_does_not_wait_out_an_older_ones_backoff() {
+    let (ferry, _tool, url) = setup().await;
+    let (stale, tried) = response_url(vec![503; 1000]).await;
+    answer(&ferry, &url, &stale).await;
+    sent(&tried, 7).await;
+    let (fresh, seen) = response_url(vec![]).await;
+    answer(&ferry, &url, &fresh).await;
+    let api = ferry.api();
+    let delivered = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        api.wait_for("g", "c", "choice_delivered"),
+    )
+    .await;
+    assert!(
+        delivered.is_ok(),
+        "the newer answer waited for the older one's pause"
+    );
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// Waits until the `response_url` was sent `n` answers.
 async fn sent(seen: &std::sync::atomic::AtomicUsize, n: usize) {
     let wait = std::time::Duration::from_secs(20);

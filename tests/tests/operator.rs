@@ -534,8 +534,10 @@ async fn reviewers_decide_and_users_choose_from_the_command_line() {
     assert_eq!(chosen["payload"]["index"], 1, "{chosen}");
 
     // Dismissed: the tool gets the prompt's default.
-    api.submit(json!({"operation": "pick_region", "arguments": {}, "group_id": THREAD, "id": "p2"}))
-        .await;
+    api.submit(
+        json!({"operation": "pick_region", "arguments": {}, "group_id": THREAD, "id": "p2"}),
+    )
+    .await;
     let asked = api.wait_for(THREAD, "p2", "user_choice").await;
     ok(&ferry, &["calls", "choose", THREAD, "p2", "--dismiss"]).await;
     let chosen = api.wait_for(THREAD, "p2", "choice_made").await;

@@ -44,16 +44,27 @@ impl Engine {
     /// Delivers an answer in the background and records how it went. One
     /// delivery per call at a time in this process: the recovery sweep asks
     /// again for answers still owed, and must not start a second. A newer
-    /// answer that arrives meanwhile is delivered when this one ends.
+    /// answer that arrives meanwhile wakes the one under way from its
+    /// pause, which then ends, and is delivered next (the same answer
+    /// asked again leaves the pause alone).
     pub(crate) fn deliver(self: &Arc<Self>, group_id: &str, id: &str, answer: ChoiceAnswer) {
         let key = (group_id.to_owned(), id.to_owned());
-        if !self.delivering.lock().expect("lock").insert(key.clone()) {
-            return;
-        }
+        let woken = {
+            let mut delivering = self.delivering.lock().expect("lock");
+            if let Some((under_way, woken)) = delivering.get(&key) {
+                if *under_way != answer {
+                    woken.notify_one();
+                }
+                return;
+            }
+            let woken = Arc::new(tokio::sync::Notify::new());
+            delivering.insert(key.clone(), (answer.clone(), woken.clone()));
+            woken
+        };
         let engine = self.clone();
         tokio::spawn(async move {
             let (group_id, id) = (&key.0, &key.1);
-            let command = engine.delivery(group_id, id, &answer).await;
+            let command = engine.delivery(group_id, id, &answer, &woken).await;
             if let Some(command) = command {
                 if let Err(e) = engine.execute(group_id, command).await {
                     warn!(group_id, call_id = id, error = %e, "could not record how the choice's delivery went");
@@ -73,7 +84,13 @@ impl Engine {
     /// Sends `answer` until the tool accepts or refuses it; `None` when the
     /// call stopped owing it meanwhile (cancelled, or delivered by another
     /// worker).
-    async fn delivery(&self, group_id: &str, id: &str, answer: &ChoiceAnswer) -> Option<Command> {
+    async fn delivery(
+        &self,
+        group_id: &str,
+        id: &str,
+        answer: &ChoiceAnswer,
+        woken: &tokio::sync::Notify,
+    ) -> Option<Command> {
         let mut delay = FIRST_RETRY_DELAY;
         loop {
             let sent = self
@@ -102,7 +119,11 @@ impl Engine {
                 }
                 ChoiceDelivery::Failed => {}
             }
-            tokio::time::sleep(delay).await;
+            // A newer answer ends the pause early.
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = woken.notified() => {}
+            }
             delay = (delay * 2).min(MAX_RETRY_DELAY);
             // A store error leaves the answer owed: keep trying.
             if let Ok(call) = self.store.call(group_id, id).await {

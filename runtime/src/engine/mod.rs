@@ -141,8 +141,14 @@ pub struct Engine {
     /// Where approval timeouts are armed; `start_timers` takes the queue.
     timers: tokio::sync::mpsc::UnboundedSender<approvals::Timer>,
     timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
-    /// Calls whose user's answer this process is delivering.
-    delivering: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// Calls whose user's answer this process is delivering: the answer,
+    /// and what wakes its delivery from a pause when a newer one comes.
+    delivering: std::sync::Mutex<
+        std::collections::HashMap<
+            (String, String),
+            (crate::thread::ChoiceAnswer, Arc<tokio::sync::Notify>),
+        >,
+    >,
     /// Held across each change of the registered toolsets (read, change,
     /// store), so two changes never undo each other.
     toolset_writes: tokio::sync::Mutex<()>,
