@@ -127,6 +127,10 @@ const LOCK_SHARDS: usize = 1024;
 /// Attempts at a write that lost a compare-and-set race before giving up.
 const MAX_CONFLICT_RETRIES: usize = 16;
 
+/// A choice's answer being delivered, and what wakes its delivery from a
+/// pause when a newer answer comes.
+type Delivery = (crate::thread::ChoiceAnswer, Arc<tokio::sync::Notify>);
+
 pub struct Engine {
     pub(crate) config: Config,
     pub(crate) store: Arc<dyn Store>,
@@ -143,12 +147,7 @@ pub struct Engine {
     timer_queue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<approvals::Timer>>>,
     /// Calls whose user's answer this process is delivering: the answer,
     /// and what wakes its delivery from a pause when a newer one comes.
-    delivering: std::sync::Mutex<
-        std::collections::HashMap<
-            (String, String),
-            (crate::thread::ChoiceAnswer, Arc<tokio::sync::Notify>),
-        >,
-    >,
+    delivering: std::sync::Mutex<std::collections::HashMap<(String, String), Delivery>>,
     /// Held across each change of the registered toolsets (read, change,
     /// store), so two changes never undo each other.
     toolset_writes: tokio::sync::Mutex<()>,
