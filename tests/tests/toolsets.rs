@@ -866,6 +866,19 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
     assert_eq!(status, 201, "{reg}");
     assert_eq!(reg["name"], "Fine");
     // `?version=` reads as an operation's `@version` does: `1` is 1.0.0.
+    let (status, one) = api.get("/v1/toolsets/Fine?version=1").await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["versions"].as_array().map(Vec::len), Some(1), "{one}");
+    refused(
+        &api.get("/v1/toolsets/Fine?version=2").await,
+        404,
+        "not_found",
+    );
+    refused(
+        &api.get("/v1/toolsets/Fine?version=x").await,
+        400,
+        "invalid_request",
+    );
     refused(
         &api.delete("/v1/toolsets/Fine?version=one").await,
         400,

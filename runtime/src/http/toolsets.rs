@@ -73,12 +73,26 @@ pub async fn list(State(app): State<AppState>) -> Json<Value> {
     Json(json!({"toolsets": app.engine.toolsets()}))
 }
 
+/// `GET /v1/toolsets/{name}[?version=]`: every version registered, or
+/// only the one asked for (404 when it is not), with the latest of all.
 pub async fn show(
     State(app): State<AppState>,
     Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let versions = app.engine.toolset(&name)?;
+    let wanted = version(&query)?;
+    let mut versions = app.engine.toolset(&name)?;
     let latest = crate::toolsets::latest_by(&versions, |v| &v.version).cloned();
+    if let Some(wanted) = &wanted {
+        versions.retain(|v| v.version == *wanted);
+        if versions.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no toolset {name:?} at version {wanted}"),
+            ));
+        }
+    }
     Ok(Json(
         json!({"name": name, "latest": latest, "versions": versions}),
     ))
