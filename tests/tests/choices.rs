@@ -103,6 +103,21 @@ async fn bad_answers_are_refused_and_change_nothing() {
     let cases = [
         (json!({"index": 2}), 422, "invalid_choice"),
         (json!({"index": -1}), 422, "invalid_choice"),
+        // Out of range however large (a review got 400 for 2^63).
+        (
+            json!({"index": 9_223_372_036_854_775_808_u64}),
+            422,
+            "invalid_choice",
+        ),
+        (
+            json!({"index": -9_223_372_036_854_775_807_i64}),
+            422,
+            "invalid_choice",
+        ),
+        (json!({"index": 1e30}), 422, "invalid_choice"),
+        (json!({"index": 2.0}), 422, "invalid_choice"),
+        (json!({"index": 0.5}), 400, "invalid_request"),
+        (json!({"index": "0"}), 400, "invalid_request"),
         (json!({"choice": "mars"}), 422, "invalid_choice"),
         (
             json!({"index": 0, "choice": "eu-west"}),
@@ -128,6 +143,13 @@ async fn bad_answers_are_refused_and_change_nothing() {
     assert_eq!(status, 404);
     assert_eq!(api.events("g", 0).await.len(), before);
     assert_eq!(api.call("g", "c").await.1["status"], "awaiting_user");
+    // `1.0` is the integer 1, as JSON Schema counts it.
+    let (status, call) = api
+        .post("/v1/threads/g/calls/c/choice", &json!({"index": 1.0}))
+        .await;
+    assert_eq!(status, 200, "{call}");
+    let made = api.wait_for("g", "c", "choice_made").await;
+    assert_eq!(made["payload"]["index"], 1, "{made}");
 }
 
 #[tokio::test]

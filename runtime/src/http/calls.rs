@@ -130,9 +130,10 @@ fn render(result: Option<&ferry_proto::api::CallResult>, wanted: &[&str]) -> Val
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Choice {
-    /// Signed, so a negative index is out of range (422) like any other.
+    /// Any JSON integer, so a negative or huge index is out of range (422)
+    /// like any other; a number that is no integer is malformed (400).
     #[serde(default)]
-    index: Option<i64>,
+    index: Option<serde_json::Number>,
     #[serde(default)]
     choice: Option<String>,
     #[serde(default)]
@@ -156,16 +157,7 @@ pub async fn choose(
             "give exactly one of \"index\", \"choice\" or \"dismiss\": true",
         ));
     }
-    let index = choice.index.map(usize::try_from).transpose().map_err(|_| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_choice",
-            format!(
-                "index {} is not one of the choices",
-                choice.index.unwrap_or_default()
-            ),
-        )
-    })?;
+    let index = choice.index.as_ref().map(choice_index).transpose()?;
     let request = Request::Choose {
         group_id: group_id.clone(),
         id,
@@ -174,6 +166,33 @@ pub async fn choose(
         dismissed: choice.dismiss,
     };
     call_reply(&app, &group_id, request).await
+}
+
+/// An answer's index as a position among the choices (the state machine
+/// checks it against them). Negative and huge integers (serde_json reads
+/// those beyond 64 bits as floats) are out of range, 422 like any other;
+/// a number with a fraction is malformed, 400.
+fn choice_index(n: &serde_json::Number) -> Result<usize, ApiError> {
+    let out_of_range = || {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_choice",
+            format!("index {n} is not one of the choices"),
+        )
+    };
+    if let Some(i) = n.as_u64() {
+        return usize::try_from(i).map_err(|_| out_of_range());
+    }
+    match n.as_f64() {
+        // `2.0` is the integer 2, as JSON Schema counts it.
+        Some(f) if f.fract() == 0.0 && (0.0..=u32::MAX.into()).contains(&f) => Ok(f as usize),
+        Some(f) if f.fract() == 0.0 => Err(out_of_range()),
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("index {n} is not an integer"),
+        )),
+    }
 }
 
 pub async fn cancel(
