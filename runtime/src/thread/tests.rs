@@ -981,7 +981,7 @@ fn a_grant_read_for_other_ancestors_than_the_threads_decides_nothing() {
 
 #[test]
 fn a_pending_approval_can_be_cancelled_and_then_not_decided() {
-    check(vec![
+    let state = check(vec![
         (
             gated("c", None),
             Ok(&["call_accepted", "approval_requested"]),
@@ -995,6 +995,8 @@ fn a_pending_approval_can_be_cancelled_and_then_not_decided() {
             }),
         ),
     ]);
+    // No deadline is shown for a call no reviewer is asked about any more.
+    assert_eq!(state.calls["c"].approval_deadline, None);
 }
 
 #[test]
