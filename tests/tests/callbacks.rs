@@ -788,3 +788,33 @@ async fn a_result_sent_in_chunks_too_large_to_record_fails_its_call() {
     let (_, call) = s.api().call("g", "big").await;
     assert_eq!(call["status"], "failed", "{call}");
 }
+
+/// Past 16 times the limit Ferry stops reading a body through; a result
+/// whose `type`, `group_id` and `id` came before that point still fails
+/// its call (a review found a change that took the cut for malformed JSON
+/// and left the call waiting for a result never sent again).
+#[tokio::test]
+async fn a_result_cut_where_ferry_stops_reading_still_fails_its_call() {
+    let s = Setup::new().await;
+    let url = s.dispatched("g", "huge").await;
+    let mut chunks =
+        vec![r#"{"type":"tool_result","group_id":"g","id":"huge","text":""#.to_owned()];
+    chunks.extend((0..17).map(|_| "x".repeat(1 << 20)));
+    chunks.push(r#""}"#.to_owned());
+    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+    let sent = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await;
+    // Ferry answers before the last megabyte is sent: the sender may see
+    // the connection close instead of the 413.
+    if let Ok(response) = sent {
+        assert_eq!(response.status(), 413);
+    }
+    let api = s.api();
+    let result = api.wait_for("g", "huge", "tool_result").await;
+    assert_eq!(result["payload"]["is_error"], true, "{result}");
+    assert_eq!(api.call("g", "huge").await.1["status"], "failed");
+}

@@ -13,5 +13,5 @@ pub use callback::{
 };
 pub use invocation::Invocation;
 pub use notify::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};
-pub use peek::Peek;
+pub use peek::{Ending, Peek};
 pub use toolset::{Annotations, Manifest, ToolDef};

@@ -20,9 +20,22 @@ pub struct Peek {
     /// One of those three was there but not a string: the body is no
     /// callback, whatever else it says.
     pub misshapen: bool,
-    /// The body was one JSON object, read to its end: not cut off, and
-    /// with nothing but whitespace after it.
-    pub whole: bool,
+    /// How the body's JSON ended, as far as it was read.
+    pub ending: Ending,
+}
+
+/// How a peeked body's JSON ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Ending {
+    /// One JSON object, with nothing but whitespace after it.
+    Whole,
+    /// The input stopped inside it: from [`Peek::from_reader`], a body its
+    /// reader stopped reading before its end (Ferry reads an oversized
+    /// body through only so far).
+    Cut,
+    /// Not JSON, or not only one object; or, read whole, cut short.
+    #[default]
+    Malformed,
 }
 
 impl Peek {
@@ -32,7 +45,13 @@ impl Peek {
     /// found only inside another value, is not reported; of a field given
     /// twice, the last counts (as when the body is parsed whole).
     pub fn of(body: &[u8]) -> Self {
-        Self::read(&mut serde_json::Deserializer::from_slice(body))
+        let mut found = Self::read(&mut serde_json::Deserializer::from_slice(body));
+        // All of it was there: a body that stops inside its object is
+        // malformed.
+        if found.ending == Ending::Cut {
+            found.ending = Ending::Malformed;
+        }
+        found
     }
 
     /// [`Peek::of`] for a body read as it arrives, from a blocking thread.
@@ -44,7 +63,14 @@ impl Peek {
         let mut found = Peek::default();
         // The error is where the body ends (or the JSON goes wrong):
         // whatever was read before it stands.
-        found.whole = Fields(&mut found).deserialize(&mut *de).is_ok() && de.end().is_ok();
+        found.ending = match Fields(&mut found)
+            .deserialize(&mut *de)
+            .and_then(|()| de.end())
+        {
+            Ok(()) => Ending::Whole,
+            Err(e) if e.is_eof() => Ending::Cut,
+            Err(_) => Ending::Malformed,
+        };
         found
     }
 }
@@ -165,7 +191,7 @@ mod tests {
                 group_id: Some("g".into()),
                 id: Some("c1".into()),
                 misshapen: false,
-                whole: true,
+                ending: Ending::Whole,
             }
         );
     }
@@ -226,18 +252,24 @@ mod tests {
         assert_eq!(found.kind.as_deref(), Some("tool_result"));
         assert_eq!(found.group_id.as_deref(), Some("g"));
         assert_eq!(found.id.as_deref(), Some("c1"));
-        assert!(!found.whole, "cut off");
-        assert!(Peek::of(body.as_bytes()).whole);
-        assert!(Peek::from_reader(format!("{body} \n").as_bytes()).whole);
+        assert_eq!(found.ending, Ending::Malformed, "all there, cut short");
+        let read_so_far = Peek::from_reader(&body.as_bytes()[..5_000]);
+        assert_eq!(read_so_far.id.as_deref(), Some("c1"));
+        assert_eq!(read_so_far.ending, Ending::Cut, "its reader stopped");
+        assert_eq!(Peek::of(body.as_bytes()).ending, Ending::Whole);
+        let spaced = format!("{body} \n");
+        assert_eq!(Peek::from_reader(spaced.as_bytes()).ending, Ending::Whole);
     }
 
     #[test]
-    fn a_body_with_anything_after_its_object_is_not_whole() {
+    fn a_body_with_anything_after_its_object_is_malformed() {
         let body = r#"{"type": "tool_result", "group_id": "g", "id": "c1", "text": "x"}"#;
         for tail in ["<<<not json", "{}", "1"] {
             let found = Peek::of(format!("{body}{tail}").as_bytes());
             assert_eq!(found.id.as_deref(), Some("c1"), "{tail}");
-            assert!(!found.whole, "{tail}");
+            assert_eq!(found.ending, Ending::Malformed, "{tail}");
+            let read = Peek::from_reader(format!("{body}{tail}").as_bytes());
+            assert_eq!(read.ending, Ending::Malformed, "{tail}");
         }
     }
 
@@ -254,7 +286,7 @@ mod tests {
     fn only_top_level_fields_count() {
         let body = json!({"content": [{"type": "tool_result", "id": "x"}]});
         let whole_but_nothing = Peek {
-            whole: true,
+            ending: Ending::Whole,
             ..Peek::default()
         };
         assert_eq!(peek(&body), whole_but_nothing);

@@ -3,7 +3,7 @@
 //! machine (which dedupes and refuses what does not match).
 
 use ferry_proto::api::{CallStatus, EventKind};
-use ferry_proto::rap::{Callback, Peek};
+use ferry_proto::rap::{Callback, Ending, Peek};
 use tracing::{info, instrument, warn};
 
 use super::{Engine, Error};
@@ -77,13 +77,14 @@ impl Engine {
     /// `tool_result`, by what `peek` read of its body: then
     /// [`Engine::result_refused`] should end the call. A forged token, a
     /// body of another type, naming another call (or none), with one of
-    /// those fields misshapen, or not one whole JSON object (malformed, or
-    /// cut off past what is read through), is only refused.
+    /// those fields misshapen, or malformed JSON (a 400 had it fit), is
+    /// only refused. A body cut where Ferry stopped reading it through
+    /// counts by the fields read before the cut.
     pub fn is_refused_result(&self, token: &str, peek: &Peek) -> bool {
         let Ok((group_id, id)) = self.caps.open(token) else {
             return false;
         };
-        peek.whole
+        peek.ending != Ending::Malformed
             && !peek.misshapen
             && peek.kind.as_deref() == Some("tool_result")
             && peek.group_id.as_deref() == Some(group_id.as_str())

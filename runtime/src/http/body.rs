@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use ferry_proto::rap::Peek;
+use ferry_proto::rap::{Ending, Peek};
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -97,7 +97,15 @@ pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Byt
     }
     if seen > limit {
         let peek = match peeker {
-            Some(peeker) => Some(peeker.finish().await),
+            Some(peeker) => {
+                let mut peek = peeker.finish().await;
+                // Read to its end, a body that stops inside its object is
+                // malformed; cut at the drain limit, it is only unread.
+                if seen <= drain_limit && peek.ending == Ending::Cut {
+                    peek.ending = Ending::Malformed;
+                }
+                Some(peek)
+            }
             None => None,
         };
         return Err(BodyError::TooLarge { peek });
@@ -248,14 +256,24 @@ mod tests {
         };
         assert_eq!(peek.kind.as_deref(), Some("tool_result"));
         assert_eq!(peek.group_id.as_deref(), Some("g"));
-        assert!(peek.whole);
-        // Past what is read through (16 times the limit), cut off.
+        assert_eq!(peek.ending, Ending::Whole);
+        // Past what is read through (16 times the limit): cut, not
+        // malformed.
         let Err(BodyError::TooLarge { peek: Some(cut) }) =
             read_body(post(body.clone()), 2, true).await
         else {
             panic!("over the limit, peeked");
         };
-        assert!(!cut.whole && cut.kind.is_none(), "{cut:?}");
+        assert_eq!(cut.ending, Ending::Cut, "{cut:?}");
+        assert_eq!(cut.group_id.as_deref(), Some("g"), "{cut:?}");
+        // Sent whole but stopping inside its object: malformed.
+        let unterminated = body[..2].to_vec();
+        let Err(BodyError::TooLarge { peek: Some(short) }) =
+            read_body(post(unterminated), 16, true).await
+        else {
+            panic!("over the limit, peeked");
+        };
+        assert_eq!(short.ending, Ending::Malformed, "{short:?}");
         // Not asked to peek: only refused.
         let refused = read_body(post(body.clone()), 16, false).await;
         assert!(matches!(refused, Err(BodyError::TooLarge { peek: None })));
