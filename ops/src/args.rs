@@ -15,9 +15,9 @@ pub fn http_url(text: &str) -> Result<String, String> {
     }
 }
 
-/// A tool server's base URL: an http(s) URL with a host, and no query,
-/// fragment or credentials (Ferry's own rule for registering toolsets,
-/// checked here so that a bad `--tool-server` stops the start).
+/// A tool server's base URL: an http(s) URL with a host, and no query or
+/// fragment (Ferry's own rule for registering toolsets, checked here so
+/// that a bad `--tool-server` stops the start).
 pub fn tool_server_url(text: &str) -> Result<String, String> {
     let checked = http_url(text)?;
     ferry_runtime::toolsets::check_base_url(&checked)?;

@@ -47,14 +47,16 @@ async fn retry(engine: Arc<Engine>, url: String) {
 async fn settled(engine: &Engine, url: &str) -> bool {
     match engine.register_toolset(url, None, None).await {
         Ok(t) => {
-            info!(toolset = ?t.name, url, tools = t.tools.len(), "toolset registered");
+            info!(toolset = ?t.name, url = t.url, tools = t.tools.len(), "toolset registered");
             true
         }
         Err(Error::ToolsetUnreachable(reason)) => {
+            let url = ferry_runtime::toolsets::redacted(url);
             warn!(url, error = %reason, "tool server unreachable; trying again in the background");
             false
         }
         Err(e) => {
+            let url = ferry_runtime::toolsets::redacted(url);
             warn!(url, error = %e, "could not register tool server; not trying again");
             true
         }

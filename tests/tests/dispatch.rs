@@ -353,7 +353,7 @@ fn values_that_could_only_fail_later_are_refused_at_start() {
         (&serve, &["--tool-server", "notaurl"], "--tool-server"),
         (
             &serve,
-            &["--tool-server", "http://agent:pw@127.0.0.1:9"],
+            &["--tool-server", "http://127.0.0.1:9/?v=2"],
             "--tool-server",
         ),
         (

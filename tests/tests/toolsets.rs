@@ -796,6 +796,28 @@ async fn an_unreachable_tool_server_is_a_bad_gateway() {
     nothing_registered(&api).await;
 }
 
+/// A user name and password in a tool server's URL reach it as Basic auth
+/// (for discovery and the notifications sent to its base URL), and are
+/// shown to nobody: the API and its errors give them as `***`.
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_in_a_server_url_are_kept_and_never_shown() {
+    let tool = TestTool::start("Fine", &["op"]).await;
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let with_password = tool.url.replacen("http://", "http://agent:hunter2@", 1);
+    let (status, reg) = api.register(&with_password).await;
+    assert_eq!(status, 201, "{reg}");
+    let shown = tool.url.replacen("http://", "http://***@", 1);
+    assert_eq!(reg["url"], shown.trim_end_matches('/'), "{reg}");
+    for path in ["/v1/toolsets", "/v1/toolsets/Fine"] {
+        let (_, listed) = api.get(path).await;
+        assert!(!listed.to_string().contains("hunter2"), "{listed}");
+    }
+    let (status, refreshed) = api.post("/v1/toolsets/Fine/refresh", &json!({})).await;
+    assert_eq!(status, 200, "{refreshed}");
+    assert!(!refreshed.to_string().contains("hunter2"), "{refreshed}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_registration_requests_are_refused_and_change_nothing() {
     let tool = TestTool::start("Fine", &["op"]).await;
@@ -819,12 +841,18 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
         );
         assert!(message.contains("query or a fragment"), "{message}");
     }
-    // Credentials would be shown to anyone who lists toolsets; the
-    // refusal does not echo them either.
-    let with_password = tool.url.replacen("http://", "http://agent:hunter2@", 1);
+    // Credentials in a server's URL reach it as Basic auth, but are
+    // shown to nobody, not even in a refusal.
+    let with_password = format!(
+        "{}?x=1",
+        tool.url.replacen("http://", "http://agent:hunter2@", 1)
+    );
     let message = refused(&api.register(&with_password).await, 400, "invalid_request");
+    assert!(!message.contains("hunter2"), "{message}");
+    let unreachable = "http://agent:hunter2@127.0.0.1:9/";
+    let message = refused(&api.register(unreachable).await, 502, "toolset_unreachable");
     assert!(
-        message.contains("user name or password") && !message.contains("hunter2"),
+        message.contains("***@127.0.0.1:9") && !message.contains("hunter2"),
         "{message}"
     );
     let answer = api.post_raw("/v1/toolsets", br#"{"url": "#.to_vec()).await;

@@ -55,7 +55,11 @@ impl Notifier {
             .json(body)
             .send()
             .await;
-        debug!(%url, ok = sent.is_ok(), "notified tool server");
+        // Host and path only: the base URL may carry Basic auth.
+        let shown = reqwest::Url::parse(&url)
+            .map(|u| format!("{}{}", u.host_str().unwrap_or_default(), u.path()))
+            .unwrap_or_default();
+        debug!(url = %shown, ok = sent.is_ok(), "notified tool server");
     }
 
     /// Sends `/cancel_tool_call` to every server at once, once each. The

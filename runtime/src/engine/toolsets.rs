@@ -193,7 +193,11 @@ impl Engine {
             .await
             .map_err(|e| match e {
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
-                _ => Error::ToolsetUnreachable(e.to_string()),
+                // Stored by an earlier build that took such a URL.
+                DiscoveryError::BadUrl(_) => Error::InvalidRequest(format!(
+                    "{e}; register the toolset again from its base URL"
+                )),
+                DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
             })?;
         if manifest.name != name {
             return Err(Error::InvalidToolset(format!(
@@ -311,7 +315,7 @@ impl Engine {
         RegisteredToolset {
             name: s.name.clone(),
             version: s.version.clone(),
-            url: s.url.clone(),
+            url: toolsets::redacted(&s.url),
             endpoint: s.manifest.endpoint.clone(),
             description: s.manifest.description.clone(),
             registered_at: s.registered_at.clone(),

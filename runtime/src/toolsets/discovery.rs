@@ -20,41 +20,55 @@ pub enum DiscoveryError {
 /// The largest discovery document Ferry reads.
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
-/// Checks a tool server's base URL: http(s) with a host, and nothing that
-/// `{base}/.well-known/rap-toolset` could not be built on (a query or a
-/// fragment would swallow the path) or that Ferry would show to everyone
-/// who lists toolsets (a user name or password).
-pub fn check_base_url(base: &str) -> Result<(), String> {
+/// Checks a tool server's base URL and gives it normalised (as the URL
+/// parser writes it, no trailing slash): http(s) with a host, and nothing
+/// that `{base}/.well-known/rap-toolset` could not be built on (a query or
+/// a fragment would swallow the path). A user name and password are kept
+/// (sent as Basic auth) but never shown: see [`redacted`].
+pub fn check_base_url(base: &str) -> Result<String, String> {
     let parsed = match url::Url::parse(base) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => url,
         // Not echoed when it may hold a password; `url` cannot say.
         _ if base.contains('@') => return Err("the tool server URL is not an http(s) URL".into()),
         _ => return Err(format!("{base:?} is not an http(s) URL")),
     };
-    if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err(
-            "a tool server URL must not carry a user name or password: Ferry shows it to anyone who lists toolsets"
-                .into(),
-        );
-    }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err(format!(
-            "{base:?} has a query or a fragment: a tool server's base URL is the part before /.well-known/rap-toolset"
+            "{:?} has a query or a fragment: a tool server's base URL is the part before /.well-known/rap-toolset",
+            redacted(base)
         ));
     }
-    Ok(())
+    Ok(parsed.as_str().trim_end_matches('/').to_owned())
 }
 
-/// Normalises a base URL (no trailing slash) and fetches its manifest.
+/// `url` as Ferry shows it (the API, errors, logs): a user name and
+/// password in it, which reach the tool server as Basic auth, become `***`.
+pub fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            let _ = parsed.set_username("***");
+            let _ = parsed.set_password(None);
+            let shown = parsed.to_string();
+            // The parser writes an empty path as `/`; a base has none.
+            match shown.strip_suffix('/') {
+                Some(base) if !url.ends_with('/') => base.to_owned(),
+                _ => shown,
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Normalises a base URL and fetches its manifest.
 pub async fn fetch_manifest(
     client: &reqwest::Client,
     base: &str,
 ) -> Result<(String, Manifest), DiscoveryError> {
-    check_base_url(base).map_err(DiscoveryError::BadUrl)?;
-    let base = base.trim_end_matches('/').to_owned();
+    let base = check_base_url(base).map_err(DiscoveryError::BadUrl)?;
     let url = format!("{base}/.well-known/rap-toolset");
+    let shown = redacted(&url);
     let unreachable = |reason: String| DiscoveryError::Unreachable {
-        url: url.clone(),
+        url: shown.clone(),
         reason,
     };
     let mut response = client
@@ -67,7 +81,7 @@ pub async fn fetch_manifest(
         return Err(unreachable(format!("HTTP {}", response.status())));
     }
     let too_large = || DiscoveryError::Invalid {
-        url: url.clone(),
+        url: shown.clone(),
         reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
     };
     // Refused as soon as it says or shows it is too large: read whole
@@ -92,11 +106,11 @@ pub async fn fetch_manifest(
     }
     let manifest: Manifest =
         serde_json::from_slice(&body).map_err(|e| DiscoveryError::Invalid {
-            url: url.clone(),
+            url: shown.clone(),
             reason: e.to_string(),
         })?;
     check_published(&manifest).map_err(|problems| DiscoveryError::Invalid {
-        url: url.clone(),
+        url: shown.clone(),
         reason: problems.join("; "),
     })?;
     Ok((base, manifest))
@@ -104,16 +118,20 @@ pub async fn fetch_manifest(
 
 #[cfg(test)]
 mod tests {
-    use super::check_base_url;
+    use super::{check_base_url, redacted};
 
     #[test]
     fn a_base_url_is_http_with_a_host_and_nothing_after_its_path() {
-        for good in [
-            "http://127.0.0.1:9000",
-            "https://tools.example/",
-            "http://h/prefix/path",
+        for (given, base) in [
+            ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
+            ("https://tools.example/", "https://tools.example"),
+            ("http://h/prefix/path/", "http://h/prefix/path"),
+            ("HTTP://H/", "http://h"),
+            (" http://h/ ", "http://h"),
+            ("http://[::1]:9/", "http://[::1]:9"),
+            ("http://user:pw@h/", "http://user:pw@h"),
         ] {
-            assert_eq!(check_base_url(good), Ok(()), "{good}");
+            assert_eq!(check_base_url(given).as_deref(), Ok(base), "{given:?}");
         }
         for (bad, says) in [
             ("not a url", "is not an http(s) URL"),
@@ -121,26 +139,25 @@ mod tests {
             ("http://h/base?x=1", "has a query or a fragment"),
             ("http://h/base#top", "has a query or a fragment"),
             ("http://h/base?", "has a query or a fragment"),
-            (
-                "http://user:pw@h/base",
-                "must not carry a user name or password",
-            ),
-            (
-                "http://user@h/base",
-                "must not carry a user name or password",
-            ),
-            (
-                "http://:pw@h/base",
-                "must not carry a user name or password",
-            ),
         ] {
             let problem = check_base_url(bad).unwrap_err();
             assert!(problem.contains(says), "{bad}: {problem}");
         }
-        // A password is not echoed, even in a URL that does not parse.
-        let problem = check_base_url("http://user:secret@[::1/").unwrap_err();
-        assert!(!problem.contains("secret"), "{problem}");
-        let problem = check_base_url("http://user:secret@h/").unwrap_err();
-        assert!(!problem.contains("secret"), "{problem}");
+        // A password is not echoed, in a URL that does not parse or one
+        // refused for its query.
+        for bad in ["http://user:secret@[::1/", "http://user:secret@h/?x"] {
+            let problem = check_base_url(bad).unwrap_err();
+            assert!(!problem.contains("secret"), "{problem}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_shown_as_stars() {
+        assert_eq!(redacted("http://user:pw@h:1/p"), "http://***@h:1/p");
+        assert_eq!(redacted("http://token@h/"), "http://***@h/");
+        assert_eq!(redacted("http://:pw@h/"), "http://***@h/");
+        assert_eq!(redacted("http://user:pw@h:1"), "http://***@h:1");
+        assert_eq!(redacted("http://h/p"), "http://h/p");
+        assert_eq!(redacted("not a url"), "not a url");
     }
 }
