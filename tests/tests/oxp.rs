@@ -320,16 +320,21 @@ async fn a_retry_reaches_its_call_after_the_toolset_versions_change() {
     assert_eq!(status, 200, "{removed}");
     let again = oxp_call(&ferry.url, "t.op@2.0.0", json!({"text": "x"}), "c2").await;
     assert_eq!(again["value"], "two", "{again}");
-    // Another version, another tool or another input under the call_id
-    // is still a different call; a new call of the removed version is an
-    // unknown version.
-    for (tool_id, input) in [
-        ("t.op@1", json!({"text": "x"})),
-        ("t.other", json!({"text": "x"})),
-        ("t.op@2", json!({"text": "y"})),
+    // Another version or another input under the call_id is still a
+    // different call; a tool that is not served is still unknown.
+    let conflict = "This call_id was already used for a different call";
+    for (tool_id, input, message) in [
+        ("t.op@1", json!({"text": "x"}), conflict),
+        ("t.op@2", json!({"text": "y"}), conflict),
+        (
+            "t.other",
+            json!({"text": "x"}),
+            "Tool 't.other' was not found",
+        ),
     ] {
         let refused = oxp_call(&ferry.url, tool_id, input, "c2").await;
         assert_eq!(refused["status"], 400, "{tool_id}: {refused}");
+        assert_eq!(refused["body"]["message"], message, "{tool_id}: {refused}");
     }
     let unknown = oxp_call(&ferry.url, "t.op@2", json!({"text": "x"}), "c3").await;
     assert_eq!(unknown["status"], 400, "{unknown}");

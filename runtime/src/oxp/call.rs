@@ -170,7 +170,10 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     let group_id = thread_of(user_id.as_deref());
     let span = tracing::info_span!("oxp_call", group_id = ?group_id, call_id = ?id,
         tool_id = ?tool_id, trace_id = text("trace_id").unwrap_or_default());
-    let operation = match earlier_operation(oxp, &group_id, &id, &tool_id).await {
+    // The call already under this call_id, if any: read once, for the
+    // operation and for the reruns.
+    let earlier = oxp.engine.call(&group_id, &id).await.ok();
+    let operation = match earlier_operation(earlier.as_ref(), &tool_id) {
         Some(operation) => operation,
         None => resolve(oxp, &tool_id)?,
     };
@@ -183,7 +186,7 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         user_id,
         thread_ancestors: None,
     };
-    settle(oxp, submit).instrument(span).await
+    settle(oxp, submit, earlier).instrument(span).await
 }
 
 /// The native operation that `tool_id` names now (`Toolset.tool@x.y.z`).
@@ -206,17 +209,21 @@ fn resolve(oxp: &Oxp, tool_id: &str) -> Result<String, OxpError> {
 /// retry is, even once a newer version is registered (`tool_id` without a
 /// version would now resolve to it) or its own was removed. Whether the
 /// input matches is the submission's own check (a conflict).
-async fn earlier_operation(oxp: &Oxp, group_id: &str, id: &str, tool_id: &str) -> Option<String> {
-    let earlier = oxp.engine.call(group_id, id).await.ok()?;
-    let operation = earlier.submission.operation;
-    names_operation(tool_id, &operation).then_some(operation)
+fn earlier_operation(earlier: Option<&CallRecord>, tool_id: &str) -> Option<String> {
+    let operation = &earlier?.submission.operation;
+    names_operation(tool_id, operation).then(|| operation.clone())
 }
 
 /// The Ferry call that answers `submit` now: its `call_id`'s own, or,
 /// when that one (and each rerun since) failed transiently with this same
 /// request, the next rerun's. A different request stops at the first, to
 /// be refused as a conflict. Also whether a rerun is left after it.
-async fn current_attempt(oxp: &Oxp, submit: &SubmitCall) -> (String, bool) {
+/// `first`: the record under the `call_id` itself, as read already.
+async fn current_attempt(
+    oxp: &Oxp,
+    submit: &SubmitCall,
+    first: Option<CallRecord>,
+) -> (String, bool) {
     let call_id = submit.id.clone().unwrap_or_default();
     let wanted = Submission {
         operation: submit.operation.clone(),
@@ -226,10 +233,12 @@ async fn current_attempt(oxp: &Oxp, submit: &SubmitCall) -> (String, bool) {
         thread_ancestors: None,
     };
     let mut id = call_id.clone();
+    let mut record = first;
     for n in 1..=MAX_RERUNS {
-        match oxp.engine.call(&submit.group_id, &id).await {
-            Ok(call) if call.submission == wanted && failed_transiently(&call) => {
+        match record {
+            Some(call) if call.submission == wanted && failed_transiently(&call) => {
                 id = rerun_id(&call_id, n);
+                record = oxp.engine.call(&submit.group_id, &id).await.ok();
             }
             _ => return (id, true),
         }
@@ -238,9 +247,13 @@ async fn current_attempt(oxp: &Oxp, submit: &SubmitCall) -> (String, bool) {
 }
 
 #[instrument(skip_all)]
-async fn settle(oxp: &Oxp, mut submit: SubmitCall) -> Result<Value, OxpError> {
+async fn settle(
+    oxp: &Oxp,
+    mut submit: SubmitCall,
+    earlier: Option<CallRecord>,
+) -> Result<Value, OxpError> {
     let call_id = submit.id.clone().unwrap_or_default();
-    let (id, reruns_left) = current_attempt(oxp, &submit).await;
+    let (id, reruns_left) = current_attempt(oxp, &submit, earlier).await;
     if id != call_id {
         info!(rerun = %id, "OXP retry of a call that failed transiently: running it again");
         submit.id = Some(id.clone());
