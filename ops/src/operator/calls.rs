@@ -236,8 +236,10 @@ async fn wait_for_outcome(
     }
 }
 
-/// What a person has to do before the call can go on, if anything, made
-/// printable: the names are the agent's and an `auth_url` the tool's.
+/// What a person has to do before the call can go on, if anything. The
+/// names (the agent's) are quoted for the shell, control characters
+/// escaped, and an `auth_url` (the tool's) made printable: neither can
+/// drive the terminal.
 fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value) -> Option<String> {
     // Names that look like options need `--` before them.
     let dashes = if group_id.starts_with('-') || id.starts_with('-') {
@@ -246,23 +248,24 @@ fn waiting_on_people(status: CallStatus, group_id: &str, id: &str, call: &Value)
         ""
     };
     let call_ref = format!("{dashes}{} {}", shell_word(group_id), shell_word(id));
-    let why = match status {
+    match status {
         CallStatus::PendingApproval => Some(format!(
             "the call waits for a reviewer: ferry approvals approve {call_ref} (or reject)"
         )),
         CallStatus::AwaitingAuth => Some(format!(
             "the call waits for the user to authorize at {}",
-            call["auth_url"].as_str().unwrap_or("(no auth_url given)")
+            printable(call["auth_url"].as_str().unwrap_or("(no auth_url given)"))
         )),
         CallStatus::AwaitingUser => Some(format!(
             "the call waits for the user's choice: ferry calls choose {call_ref} CHOICE (or --dismiss)"
         )),
         _ => None,
-    };
-    why.map(|why| printable(&why))
+    }
 }
 
-/// `text` as one word for a POSIX shell, quoted when it needs to be.
+/// `text` as one word for a POSIX shell, quoted when it needs to be; with
+/// characters [`printable`] would escape, as bash's and zsh's `$'…'`, so
+/// that the word both names the call and leaves the terminal alone.
 fn shell_word(text: &str) -> String {
     let plain = !text.is_empty()
         && text
@@ -270,8 +273,24 @@ fn shell_word(text: &str) -> String {
             .all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
     if plain {
         text.to_owned()
-    } else {
+    } else if printable(text) == text {
         format!("'{}'", text.replace('\'', r"'\''"))
+    } else {
+        let escaped: String = text
+            .chars()
+            .map(|c| match c {
+                '\\' => r"\\".to_owned(),
+                '\'' => r"\'".to_owned(),
+                c if c.is_ascii() && printable(&c.to_string()) != c.to_string() => {
+                    format!(r"\x{:02x}", u32::from(c))
+                }
+                c if printable(&c.to_string()) != c.to_string() => {
+                    format!(r"\U{:08x}", u32::from(c))
+                }
+                c => c.to_string(),
+            })
+            .collect();
+        format!("$'{escaped}'")
     }
 }
 
@@ -347,6 +366,8 @@ mod tests {
         );
         assert!(!hint.unwrap().contains(['\u{1b}', '\n']));
         let hint = waiting_on_people(CallStatus::AwaitingUser, "g\u{1b}[2J", "c", &json!({}));
-        assert!(!hint.unwrap().contains('\u{1b}'));
+        assert!(hint.unwrap().contains(r"$'g\x1b[2J' c"));
+        assert_eq!(shell_word("a\nb'c\\"), r"$'a\x0ab\'c\\'");
+        assert_eq!(shell_word("x\u{2028}"), r"$'x\U00002028'");
     }
 }

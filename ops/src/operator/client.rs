@@ -120,7 +120,10 @@ const NO_SUCH_ENDPOINT: &str = "no such endpoint";
 pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
-            if c.is_control() {
+            // Line breaks Unicode does not count as control characters,
+            // and the direction overrides that reorder what a line shows.
+            let hidden = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || hidden {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -413,6 +416,7 @@ mod tests {
     #[test]
     fn control_characters_are_shown_not_sent_to_the_terminal() {
         assert_eq!(printable("a\u{1b}[31mb\nc\td ü"), "a\\u{1b}[31mb\\nc\\td ü");
+        assert_eq!(printable("a\u{2028}b\u{202e}c"), "a\\u{2028}b\\u{202e}c");
         let body: ErrorBody = serde_json::from_value(serde_json::json!({"error": {
             "code": "invalid_arguments", "message": "bad\nline",
             "parameter_errors": {"\u{1b}[1mz\nq": "must be\u{7} a number"}
