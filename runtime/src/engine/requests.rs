@@ -52,7 +52,8 @@ pub enum Request {
         index: Option<usize>,
         text: Option<String>,
         /// The user dismissed the prompt (neither `index` nor `text`).
-        #[serde(default)]
+        /// Written only when set: older workers read the same request.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         dismissed: bool,
     },
     Decide {

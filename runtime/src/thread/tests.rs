@@ -293,6 +293,46 @@ fn a_cancelled_call_owes_its_tool_no_answer() {
     assert!(state.meta.unsettled.is_empty());
 }
 
+/// rap-3: "the `default` index if the user dismisses". A dismissal
+/// answers the prompt's default, and says so in `choice_made`.
+#[test]
+fn a_dismissed_prompt_answers_its_default() {
+    let Command::Callback(Callback::UserChoice(mut asked)) = user_choice("u") else {
+        unreachable!("a user_choice")
+    };
+    asked.default = 1;
+    let state = check(vec![
+        (
+            Command::Submit(new_call("u", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (
+            Command::Callback(Callback::UserChoice(asked)),
+            Ok(&["user_choice"]),
+        ),
+    ]);
+    let dismiss = Command::Choose {
+        id: "u".into(),
+        answer: Answer::Dismissed,
+    };
+    let decision = decide(&state, &dismiss).unwrap();
+    assert!(
+        matches!(
+            &decision.changes[..],
+            [Change { kind: EventKind::ChoiceMade { index: 1, choice, dismissed: true }, .. }] if choice == "b"
+        ),
+        "{decision:?}"
+    );
+    let state = check_more(state, vec![(dismiss, Ok(&["choice_made"]))]);
+    assert_eq!(
+        state.calls["u"]
+            .undelivered_choice
+            .as_ref()
+            .map(|a| a.index),
+        Some(1)
+    );
+}
+
 #[test]
 fn resubmission_is_idempotent_and_a_different_body_conflicts() {
     check(vec![
