@@ -100,6 +100,22 @@ async fn a_destructive_tool_waits_for_a_reviewer_then_runs() {
     assert_eq!(api.thread("g").await.1["grants"], json!({}));
 }
 
+/// A call shows its approval deadline while a reviewer is asked, and not
+/// once it was cancelled (a review saw a deadline on a cancelled call).
+#[tokio::test]
+async fn a_deadline_is_shown_only_while_a_reviewer_is_asked() {
+    let tool = tool().await;
+    let ferry = ferry_with(&tool).await;
+    let api = ferry.api();
+    submit(&api, "g", "c", "deploy", None).await;
+    let (_, call) = api.call("g", "c").await;
+    assert!(call["approval_deadline"].is_string(), "{call}");
+    assert_eq!(api.delete("/v1/threads/g/calls/c").await.0, 200);
+    let (_, call) = api.call("g", "c").await;
+    assert_eq!(call["status"], "cancelled", "{call}");
+    assert!(call.get("approval_deadline").is_none(), "{call}");
+}
+
 #[tokio::test]
 async fn a_rejected_call_ends_at_once_with_an_error_result() {
     let tool = tool().await;

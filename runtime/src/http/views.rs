@@ -72,7 +72,11 @@ impl CallView {
             auth_url: call.auth_url,
             choice: call.choice,
             subscription,
-            approval_deadline: call.approval_deadline,
+            // Shown while a reviewer is asked: a call cancelled meanwhile
+            // keeps it in its record only as a sign that one was.
+            approval_deadline: call
+                .approval_deadline
+                .filter(|_| call.status == CallStatus::PendingApproval),
             approval: call.approval,
         }
     }

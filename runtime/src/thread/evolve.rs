@@ -225,10 +225,8 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 }
                 EventKind::CallCancelled {} | EventKind::SubscriptionCancelled { .. } => {
                     meta.active_subscriptions.remove(id);
-                    // A cancelled call's tool is owed no answer any more,
-                    // and it waits for no reviewer.
+                    // A cancelled call's tool is owed no answer any more.
                     call.undelivered_choice = None;
-                    call.approval_deadline = None;
                     CallStatus::Cancelled
                 }
                 EventKind::CallAccepted { .. }
