@@ -72,8 +72,9 @@ fn is_too_large(e: &ApiError) -> bool {
 }
 
 /// Refuses a callback for its size; if `peek` shows it was its call's
-/// `tool_result` (and well-formed JSON: malformed, it would be a 400 that
-/// changes nothing), the call ends first with an error result saying so.
+/// `tool_result` (and not malformed JSON: that would be a 400 changing
+/// nothing had it fit), the call ends first with an error result saying
+/// so.
 async fn refuse_for_size(
     app: &AppState,
     token: &str,

@@ -130,8 +130,8 @@ fn render(result: Option<&ferry_proto::api::CallResult>, wanted: &[&str]) -> Val
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Choice {
-    /// Any JSON integer, so a negative or huge index is out of range (422)
-    /// like any other; a number that is no integer is malformed (400).
+    /// Any JSON number, so a negative or huge index is out of range (422)
+    /// like any other ([`choice_index`]).
     #[serde(default)]
     index: Option<serde_json::Number>,
     #[serde(default)]
