@@ -770,14 +770,7 @@ async fn a_result_sent_in_chunks_too_large_to_record_fails_its_call() {
     let mut chunks = vec![r#"{"group_id":"g","id":"big","text":""#.to_owned()];
     chunks.extend((0..16).map(|_| "x".repeat(128 << 10)));
     chunks.push(r#"","type":"tool_result"}"#.to_owned());
-    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
-    let response = reqwest::Client::new()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(reqwest::Body::wrap_stream(stream))
-        .send()
-        .await
-        .unwrap();
+    let response = post_in_chunks(&url, chunks).await.unwrap();
     assert_eq!(response.status(), 413);
     let answer: Value = response.json().await.unwrap();
     let message = answer["error"]["message"].as_str().unwrap();
@@ -801,13 +794,7 @@ async fn a_result_cut_where_ferry_stops_reading_still_fails_its_call() {
         vec![r#"{"type":"tool_result","group_id":"g","id":"huge","text":""#.to_owned()];
     chunks.extend((0..17).map(|_| "x".repeat(1 << 20)));
     chunks.push(r#""}"#.to_owned());
-    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
-    let sent = reqwest::Client::new()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(reqwest::Body::wrap_stream(stream))
-        .send()
-        .await;
+    let sent = post_in_chunks(&url, chunks).await;
     // Ferry answers before the last megabyte is sent: the sender may see
     // the connection close instead of the 413.
     if let Ok(response) = sent {
@@ -817,4 +804,15 @@ async fn a_result_cut_where_ferry_stops_reading_still_fails_its_call() {
     let result = api.wait_for("g", "huge", "tool_result").await;
     assert_eq!(result["payload"]["is_error"], true, "{result}");
     assert_eq!(api.call("g", "huge").await.1["status"], "failed");
+}
+
+/// POSTs `chunks` as one JSON body with no `Content-Length`.
+async fn post_in_chunks(url: &str, chunks: Vec<String>) -> reqwest::Result<reqwest::Response> {
+    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+    reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
 }
