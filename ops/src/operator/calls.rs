@@ -9,7 +9,7 @@ use ferry_proto::api::{CallStatus, SubmitCall};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::client::{printable, Client, Failure};
+use super::client::{printable, unprintable, Client, Failure};
 use super::{print, Connection};
 
 #[derive(Args)]
@@ -273,7 +273,7 @@ fn shell_word(text: &str) -> String {
             .all(|c| c.is_ascii_alphanumeric() || "-_.,:/@%+=".contains(c));
     if plain {
         text.to_owned()
-    } else if printable(text) == text {
+    } else if !text.chars().any(unprintable) {
         format!("'{}'", text.replace('\'', r"'\''"))
     } else {
         let escaped: String = text
@@ -281,12 +281,8 @@ fn shell_word(text: &str) -> String {
             .map(|c| match c {
                 '\\' => r"\\".to_owned(),
                 '\'' => r"\'".to_owned(),
-                c if c.is_ascii() && printable(&c.to_string()) != c.to_string() => {
-                    format!(r"\x{:02x}", u32::from(c))
-                }
-                c if printable(&c.to_string()) != c.to_string() => {
-                    format!(r"\U{:08x}", u32::from(c))
-                }
+                c if unprintable(c) && c.is_ascii() => format!(r"\x{:02x}", u32::from(c)),
+                c if unprintable(c) => format!(r"\U{:08x}", u32::from(c)),
                 c => c.to_string(),
             })
             .collect();

@@ -120,16 +120,21 @@ const NO_SUCH_ENDPOINT: &str = "no such endpoint";
 pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
-            // Line breaks Unicode does not count as control characters,
-            // and the direction overrides that reorder what a line shows.
-            let hidden = matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-            if c.is_control() || hidden {
+            if unprintable(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
             }
         })
         .collect()
+}
+
+/// What [`printable`] escapes: control characters, the line breaks
+/// Unicode does not count as such, and the direction overrides that
+/// reorder what a line shows.
+pub fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 pub struct Client {
