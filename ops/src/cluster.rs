@@ -1,23 +1,23 @@
-//! The cluster roles: `ferry runtime` (HTTP ingress, outbox, relay, reads)
-//! and `ferry worker` (applies relayed requests, dispatches calls), joined
-//! through NATS JetStream. See ARCHITECTURE.md, "Cluster mode".
+//! The cluster roles: `ferry runtime` (HTTP ingress; decides each request
+//! against its thread's log in JetStream; reads) and `ferry worker`
+//! (dispatches the calls the log hands out; approval timeouts; redelivery
+//! of choices), joined through NATS JetStream. See ARCHITECTURE.md,
+//! "Cluster mode".
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_runtime::bus::jetstream::JetStreamBus;
+use ferry_runtime::bus::InTheLog;
 use ferry_runtime::cluster::stop::{Phase, Stop};
-use ferry_runtime::cluster::{outbox::Outbox, pull, relay::Relay, streams, worker};
+use ferry_runtime::cluster::{pull, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
-use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
+use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore, THREADS_STREAM};
 use ferry_runtime::store::Store;
 use ferry_runtime::token::Capabilities;
-use ferry_runtime::toolsets::StoredToolset;
 use ferry_runtime::{Config, Engine};
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use tokio::net::TcpListener;
@@ -41,12 +41,8 @@ pub struct ClusterOptions {
 pub struct RuntimeOptions {
     pub cluster: ClusterOptions,
     pub listen: SocketAddr,
-    pub data: PathBuf,
     pub tool_servers: Vec<String>,
     pub max_body_bytes: usize,
-    /// How long a node waits for a worker's answer before it answers
-    /// `202 journaled`.
-    pub reply_wait: Duration,
     pub oxp: ferry_runtime::oxp::OxpConfig,
     pub mcp: ferry_runtime::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
@@ -59,8 +55,6 @@ pub struct RuntimeOptions {
 pub struct WorkerOptions {
     pub cluster: ClusterOptions,
     pub dispatch: DispatchConfig,
-    /// Relayed requests being applied at once.
-    pub concurrency: usize,
     /// The priority it pulls work at, 0 first, up to
     /// [`streams::MAX_PRIORITY`]; given, it also gives the consumers their
     /// priority group. Without, it pulls at 0 when they have one.
@@ -75,7 +69,7 @@ pub struct WorkerOptions {
 /// Connects to NATS; afterwards the client reconnects on its own, forever.
 /// With `wait`, returns only once NATS answered (a worker has nothing to
 /// do before); without, at once, connecting in the background (a runtime
-/// node journals meanwhile). Also returns what the client reports of
+/// node answers 503 meanwhile). Also returns what the client reports of
 /// messages it dropped, which a runtime node's store acts on.
 async fn connect(
     urls: &str,
@@ -130,12 +124,10 @@ async fn jetstream_store(
     events: &Arc<ClientEvents>,
     attempts: Option<u32>,
 ) -> anyhow::Result<Arc<JetStreamStore>> {
-    let js = async_nats::jetstream::new(client.clone());
     let mut attempt = 0;
     loop {
         attempt += 1;
         let ready = async {
-            streams::ensure(&js, options.replicas).await?;
             let follow = role == Role::Runtime;
             let store =
                 JetStreamStore::connect(client.clone(), events.clone(), options.replicas, follow);
@@ -145,7 +137,7 @@ async fn jetstream_store(
             Ok(store) => return Ok(store),
             Err(e) if attempts.is_none_or(|n| attempt < n) => {
                 // Half a minute of refusals from a NATS that answers is not
-                // an outage: say so louder (a node keeps journaling).
+                // an outage: say so louder (a node answers 503 meanwhile).
                 let connected =
                     client.connection_state() == async_nats::connection::State::Connected;
                 if connected && attempt % 60 == 0 {
@@ -160,14 +152,14 @@ async fn jetstream_store(
     }
 }
 
-/// The engine both roles run, on `store` and the JetStream bus.
+/// The engine both roles run, on `store`; the commits it writes are the
+/// workers' work.
 fn engine(
     options: &ClusterOptions,
     public_url: &str,
-    client: &async_nats::Client,
     store: Arc<dyn Store>,
     max_body_bytes: usize,
-) -> anyhow::Result<Arc<Engine>> {
+) -> anyhow::Result<Engine> {
     anyhow::ensure!(
         options.secret.len() >= 16,
         "--secret must be at least 16 bytes (and the same on every node and worker)"
@@ -177,34 +169,26 @@ fn engine(
         max_body_bytes,
         ..Config::default()
     };
-    Ok(Arc::new(Engine::new(
+    Ok(Engine::new(
         config,
         store,
-        Arc::new(JetStreamBus::new(async_nats::jetstream::new(
-            client.clone(),
-        ))),
+        Arc::new(InTheLog),
         Capabilities::new(options.secret.as_bytes()),
         crate::serve::http_client()?,
-    )))
+    ))
 }
 
 /// Loads the toolsets into the engine now and whenever any process changes
-/// one (toolsets registered through any node reach every process); `keep`
-/// sees each load.
-async fn follow_toolsets(
-    engine: &Arc<Engine>,
-    store: &JetStreamStore,
-    keep: impl Fn(&[StoredToolset]) + Send + 'static,
-) -> anyhow::Result<()> {
-    keep(&engine.load_toolsets().await?);
+/// one (toolsets registered through any node reach every process).
+async fn follow_toolsets(engine: &Arc<Engine>, store: &JetStreamStore) -> anyhow::Result<()> {
+    engine.load_toolsets().await?;
     let mut changed = store.toolsets_changed();
     let weak = Arc::downgrade(engine);
     tokio::spawn(async move {
         while changed.changed().await.is_ok() {
             let Some(engine) = weak.upgrade() else { return };
-            match engine.load_toolsets().await {
-                Ok(loaded) => keep(&loaded),
-                Err(e) => warn!(error = %e, "reloading toolsets failed"),
+            if let Err(e) = engine.load_toolsets().await {
+                warn!(error = %e, "reloading toolsets failed");
             }
         }
     });
@@ -215,22 +199,21 @@ async fn follow_toolsets(
 pub struct RunningRuntime {
     pub addr: SocketAddr,
     pub engine: Arc<Engine>,
-    pub relay: Arc<Relay>,
 }
 
-/// How long a runtime node waits for NATS before it serves its journal.
+/// How long a runtime node waits for NATS before it serves anyway (503
+/// for what needs the store, until it is reached).
 const ATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Gives a runtime node its JetStream store once NATS answers, then its
-/// toolsets (kept in the outbox for the next start) and the tool servers it
-/// was told to register; each step is retried for as long as it takes.
+/// toolsets and the tool servers it was told to register; each step is
+/// retried for as long as it takes.
 async fn attach(
     options: RuntimeOptions,
     client: async_nats::Client,
     events: Arc<ClientEvents>,
     store: Arc<Deferred>,
     engine: Arc<Engine>,
-    outbox: Arc<Outbox>,
 ) {
     let jetstream = loop {
         match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
@@ -240,13 +223,7 @@ async fn attach(
     };
     store.set(jetstream.clone());
     loop {
-        let outbox = outbox.clone();
-        let keep = move |toolsets: &[StoredToolset]| {
-            if let Err(e) = outbox.keep_toolsets(toolsets) {
-                warn!(error = %e, "keeping the toolsets failed");
-            }
-        };
-        match follow_toolsets(&engine, &jetstream, keep).await {
+        match follow_toolsets(&engine, &jetstream).await {
             Ok(()) => break,
             Err(e) => {
                 warn!(error = %e, "loading the toolsets failed; retrying");
@@ -264,21 +241,6 @@ pub async fn start_runtime(
     metrics: Option<MetricsRender>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(RunningRuntime, tokio::task::JoinHandle<anyhow::Result<()>>)> {
-    std::fs::create_dir_all(&options.data)
-        .with_context(|| format!("creating data dir {}", options.data.display()))?;
-    // The journal first: what a previous run left there is relayed as soon
-    // as NATS is reachable.
-    let outbox = Arc::new(
-        Outbox::open(&options.data.join("outbox"))
-            .with_context(|| format!("opening the outbox in {}", options.data.display()))?,
-    );
-    if outbox.unreadable() > 0 {
-        warn!(
-            entries = outbox.unreadable(),
-            "the outbox holds journal entries this build cannot read (its `unreadable` tree); they are not relayed"
-        );
-    }
-    let node = node_id(&options.data)?;
     let listener = TcpListener::bind(options.listen)
         .await
         .with_context(|| format!("binding {}", options.listen))?;
@@ -289,17 +251,15 @@ pub async fn start_runtime(
         .public_url
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
-    // The store arrives when NATS answers; until then the node validates
-    // calls against the toolsets it kept, and journals them.
+    // The store arrives when NATS answers; until then what needs it is
+    // answered 503 with Retry-After, and nothing is kept anywhere.
     let store = Arc::new(Deferred::default());
-    let engine = engine(
+    let engine = Arc::new(engine(
         &options.cluster,
         &public_url,
-        &client,
         store.clone(),
         options.max_body_bytes,
-    )?;
-    engine.use_toolsets(outbox.kept_toolsets()?);
+    )?);
     ferry_runtime::metrics::describe();
     let attached = tokio::spawn(attach(
         options.clone(),
@@ -307,35 +267,27 @@ pub async fn start_runtime(
         events,
         store.clone(),
         engine.clone(),
-        outbox.clone(),
     ));
-    // NATS reachable: serve once attached, as a node always did. Not
-    // reachable: serve the journal after a while, and attach later.
+    // NATS reachable: serve once attached. Not reachable: serve anyway
+    // after a while (503s, a /healthz that says why), and attach later.
     match tokio::time::timeout(ATTACH_WAIT, attached).await {
         Ok(done) => done.context("attaching to NATS")?,
         Err(_) => warn!(
             wait = ?ATTACH_WAIT,
-            "NATS not reachable: accepting calls into the journal, reads unavailable until it is"
+            nats = options.cluster.nats,
+            "NATS not reachable: serving, but every request that needs the store is answered 503 until it is"
         ),
     }
-    let relay = Relay::start(
-        engine.clone(),
-        outbox.clone(),
-        client,
-        node.clone(),
-        options.reply_wait,
-    )
-    .await?;
-    info!(backlog = relay.backlog(), node, "relay started");
+    let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
     let app = ferry_runtime::http::router_with(
         engine.clone(),
         metrics,
-        relay.clone(),
+        perform.clone(),
         options.api_tokens.clone(),
     )
     .merge(crate::serve::protocol_fronts(
         &engine,
-        relay.clone(),
+        perform,
         &public_url,
         &options.oxp,
         &options.mcp,
@@ -349,29 +301,7 @@ pub async fn start_runtime(
         options.drain,
     ));
     info!(%addr, "ferry runtime listening");
-    Ok((
-        RunningRuntime {
-            addr,
-            engine,
-            relay,
-        },
-        server,
-    ))
-}
-
-/// This node's name in `Nats-Msg-Id`s, kept in the data dir so a relay
-/// repeated after a restart dedupes against the first.
-fn node_id(data: &std::path::Path) -> anyhow::Result<String> {
-    let path = data.join("node-id");
-    if let Ok(id) = std::fs::read_to_string(&path) {
-        return Ok(id.trim().to_owned());
-    }
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    let tmp = data.join("node-id.tmp");
-    std::fs::write(&tmp, &id)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(id)
+    Ok((RunningRuntime { addr, engine }, server))
 }
 
 /// A worker connected, with its consumers bound.
@@ -379,9 +309,13 @@ struct StartedWorker {
     client: async_nats::Client,
     engine: Arc<Engine>,
     worker: Worker,
-    requests: pull::Puller,
     work: pull::Puller,
 }
+
+/// How long a worker waits after a tool's 200 before recording it: a fast
+/// tool's result, recorded by a runtime node meanwhile, makes the record
+/// needless ([`Engine::with_dispatch_grace`]).
+const DISPATCH_GRACE: Duration = Duration::from_millis(100);
 
 /// Connects a worker and binds its consumers, waiting out a NATS outage.
 async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> {
@@ -392,14 +326,16 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         .clone()
         .context("a worker needs --public-url")?;
     let store = jetstream_store(&options.cluster, Role::Worker, &client, &events, Some(60)).await?;
-    let engine = engine(
-        &options.cluster,
-        &public_url,
-        &client,
-        store.clone(),
-        Config::default().max_body_bytes,
-    )?;
-    follow_toolsets(&engine, &store, |_| {}).await?;
+    let engine = Arc::new(
+        engine(
+            &options.cluster,
+            &public_url,
+            store.clone(),
+            Config::default().max_body_bytes,
+        )?
+        .with_dispatch_grace(DISPATCH_GRACE),
+    );
+    follow_toolsets(&engine, &store).await?;
     ferry_runtime::metrics::describe();
     engine.start_timers();
     let sweeper = engine.clone();
@@ -425,15 +361,12 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         (None, false) => streams::GroupChange::Keep,
     };
     let priority = options.priority.unwrap_or(0);
-    let requests =
-        pull::Puller::bind(client.clone(), streams::INBOX_STREAM, change, priority).await;
-    let work = pull::Puller::bind(client.clone(), streams::WORK_STREAM, change, priority).await;
+    let work = pull::Puller::bind(client.clone(), THREADS_STREAM, change, priority).await;
     info!(priority, "ferry worker consuming");
     Ok(StartedWorker {
         client,
         engine,
         worker,
-        requests,
         work,
     })
 }
@@ -461,24 +394,14 @@ pub async fn run_worker(
     };
     println!("ferry worker ready");
     let stop = Stop::default();
-    let (nats, dispatching) = (started.client.clone(), started.worker.clone());
-    let consuming = async {
-        tokio::join!(
-            worker::apply_requests(
-                started.engine,
-                started.client,
-                started.requests,
-                options.concurrency,
-                stop.clone()
-            ),
-            worker::dispatch_work(
-                started.worker,
-                started.work,
-                options.dispatch.max_in_flight,
-                stop.clone()
-            ),
-        )
-    };
+    let (nats, dispatching) = (started.client, started.worker.clone());
+    let consuming = worker::dispatch_work(
+        started.engine,
+        started.worker,
+        started.work,
+        options.dispatch.max_in_flight,
+        stop.clone(),
+    );
     let stopping = async {
         shutdown.await;
         info!(drain = ?options.drain, "stopping: taking no more work");

@@ -282,9 +282,6 @@ struct Runtime {
     /// Address of the HTTP API (agents and tool callbacks).
     #[arg(long, default_value = "127.0.0.1:8080", env = "FERRY_LISTEN")]
     listen: SocketAddr,
-    /// Directory of this node's journal (outbox).
-    #[arg(long, default_value = "./ferry-data", env = "FERRY_DATA")]
-    data: PathBuf,
     /// A RAP tool server's base URL to register at start (repeatable).
     #[arg(
         long = "tool-server",
@@ -296,10 +293,6 @@ struct Runtime {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
     max_body_bytes: usize,
-    /// How long to wait for a worker's answer before answering 202
-    /// "journaled", in milliseconds.
-    #[arg(long, default_value_t = 5_000, env = "FERRY_REPLY_WAIT_MS")]
-    reply_wait_ms: u64,
     #[command(flatten)]
     fronts: FrontArgs,
     #[command(flatten)]
@@ -313,10 +306,6 @@ struct WorkerArgs {
     cluster: ClusterArgs,
     #[command(flatten)]
     dispatch: DispatchArgs,
-    /// Relayed requests being applied at once (dispatch attempts are
-    /// bounded by --max-in-flight).
-    #[arg(long, default_value_t = 256, env = "FERRY_CONCURRENCY")]
-    concurrency: usize,
     /// Take work before workers with a higher number: a worker gets work
     /// only while every worker with a lower number is full (no room for
     /// more at once, give or take the sixteenth of its room it asks for
@@ -350,7 +339,7 @@ struct DrainArgs {
     /// open streams and long-polls at once, and give requests still running
     /// this long. A worker takes no more work and hands back what only
     /// waits (for an attempt slot, or out a retry's backoff); for this long
-    /// it finishes requests being applied and dispatch attempts waiting
+    /// it finishes dispatch attempts waiting
     /// for their tool's answer, then hands back the rest.
     #[arg(long, default_value_t = 10_000, env = "FERRY_DRAIN_MS")]
     drain_ms: u64,
@@ -393,7 +382,6 @@ async fn main() -> anyhow::Result<()> {
                 WorkerOptions {
                     dispatch: args.dispatch.config()?,
                     cluster: args.cluster.options(),
-                    concurrency: args.concurrency,
                     priority: args.priority,
                     drop_priority_group: args.drop_priority_group,
                     drain: args.drain.drain(),
@@ -456,10 +444,8 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
     let options = RuntimeOptions {
         cluster: args.cluster.options(),
         listen: args.listen,
-        data: args.data,
         tool_servers: args.tool_servers,
         max_body_bytes: args.max_body_bytes,
-        reply_wait: Duration::from_millis(args.reply_wait_ms),
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,

@@ -101,7 +101,6 @@ impl Drop for Nats {
 pub struct Deployment {
     pub bases: Vec<String>,
     tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    _data: Vec<tempfile::TempDir>,
     nats: Nats,
 }
 
@@ -142,22 +141,17 @@ pub async fn deploy(
         public_url,
         replicas: 1,
     };
-    let (mut bases, mut tasks, mut data) = (vec![], vec![], vec![]);
+    let (mut bases, mut tasks) = (vec![], vec![]);
     for i in 0..runtimes {
-        let dir = tempfile::Builder::new()
-            .prefix("ferry-bench-node-")
-            .tempdir()?;
         let options = RuntimeOptions {
             cluster: cluster(None),
             listen: "127.0.0.1:0".parse()?,
-            data: dir.path().to_owned(),
             tool_servers: if i == 0 {
                 vec![tool.to_owned()]
             } else {
                 vec![]
             },
             max_body_bytes: 1 << 20,
-            reply_wait: Duration::from_secs(30),
             oxp: Default::default(),
             mcp: Default::default(),
             api_tokens: Default::default(),
@@ -166,13 +160,11 @@ pub async fn deploy(
         let (running, server) = start_runtime(options, None, std::future::pending()).await?;
         bases.push(format!("http://{}", running.addr));
         tasks.push(server);
-        data.push(dir);
     }
     for i in 0..workers {
         let options = WorkerOptions {
             cluster: cluster(Some(bases[0].clone())),
             dispatch: ferry_worker::DispatchConfig::default(),
-            concurrency: 256,
             // They share two cores: each takes work only when the ones
             // before it are full, as `--priority` advises.
             priority: (workers > 1).then(|| {
@@ -185,12 +177,7 @@ pub async fn deploy(
         };
         tasks.push(tokio::spawn(run_worker(options, std::future::pending())));
     }
-    Ok(Deployment {
-        bases,
-        tasks,
-        _data: data,
-        nats,
-    })
+    Ok(Deployment { bases, tasks, nats })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use ferry_proto::api::{CallStatus, SubmitCall};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::client::{printable, unprintable, Client, Failure};
@@ -175,9 +175,6 @@ impl Submit {
     }
 }
 
-/// How long a journaled call is left before it is read again.
-const JOURNALED_PAUSE: Duration = Duration::from_millis(500);
-
 /// How long one read of the thread waits for news before reading the call
 /// again (Ferry bounds a long-poll at a minute).
 const POLL: Duration = Duration::from_secs(30);
@@ -193,28 +190,11 @@ async fn wait_for_outcome(
     mut after: u64,
 ) -> Result<Value, Failure> {
     let mut told = None;
-    // A cluster node that answered without a worker (`"seq": 0`) only
-    // journaled the call: it reads 404 until a worker has applied it, and
-    // until then no event says when, so it is asked again after a pause.
-    let mut journaled = after == 0;
-    if journaled {
-        eprintln!("ferry: the node journaled the call; waiting for a worker to apply it");
-    }
     loop {
         let path = call_path(group_id, id);
-        let call = match client
+        let call = client
             .read_through_outages(&path, &[], Duration::ZERO)
-            .await
-        {
-            Err(Failure::Refused { status, .. })
-                if journaled && status == StatusCode::NOT_FOUND =>
-            {
-                tokio::time::sleep(JOURNALED_PAUSE).await;
-                continue;
-            }
-            read => read?,
-        };
-        journaled = false;
+            .await?;
         let status: CallStatus = serde_json::from_value(call["status"].clone())
             .map_err(|_| unreadable("status", &call))?;
         if !status.is_open() || status == CallStatus::Subscribed {

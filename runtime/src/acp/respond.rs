@@ -129,10 +129,6 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
                 || call.approval.is_some()
         }
         Err(Error::NotFound(_)) => false,
-        // A cluster node cut off from NATS cannot read the call: the answer
-        // is journaled like a native one, and the worker's state machine
-        // takes it or refuses it.
-        Err(Error::Store(crate::store::Error::Unavailable(_))) => true,
         Err(e) => return Err(engine_error(&id, e)),
     };
     if !asked {
@@ -169,7 +165,7 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             )
         })?;
     // Through `perform`, like the native API: run to its end even if the
-    // client goes away, and journaled by a cluster node.
+    // client goes away.
     let request = match (
         outcome.get("outcome").and_then(Value::as_str),
         outcome.get("optionId").and_then(Value::as_str),

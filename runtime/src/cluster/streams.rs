@@ -1,6 +1,10 @@
-//! The work-queue streams between runtime nodes and workers, and the one
-//! durable consumer all workers share on each (any worker takes any
-//! message; a message not acked in time goes to another worker).
+//! The one durable consumer all workers share: it takes the commits of
+//! every thread's log that hand calls to dispatch (`ferry.log.*.d` in
+//! `FERRY_THREADS`), so any worker takes any call, and a commit not acked
+//! in time goes to another worker. A consumer made anew (the first worker
+//! ever, or after an operator deleted it) starts from the stream's first
+//! commit: each call it finds no longer waiting is acked without a
+//! dispatch (`Outcomes::still_wanted`).
 
 use std::time::Duration;
 
@@ -9,10 +13,6 @@ use async_nats::jetstream::{self, consumer, stream};
 
 use super::subjects;
 
-/// Requests relayed by runtime nodes: `ferry.in.<g>`.
-pub const INBOX_STREAM: &str = "FERRY_INBOX";
-/// Dispatch work: `ferry.work.<g>`.
-pub const WORK_STREAM: &str = "FERRY_WORK";
 /// The durable consumer every worker pulls from.
 pub const CONSUMER: &str = "workers";
 /// The consumers' priority group, there only once a worker asked for it
@@ -36,27 +36,6 @@ pub struct Error(String);
 
 fn nats(e: impl std::fmt::Display) -> Error {
     Error(e.to_string())
-}
-
-/// Creates the streams if they do not exist.
-pub async fn ensure(js: &jetstream::Context, replicas: usize) -> Result<(), Error> {
-    for (name, subject) in [
-        (INBOX_STREAM, subjects::INBOX),
-        (WORK_STREAM, subjects::WORK),
-    ] {
-        js.get_or_create_stream(stream::Config {
-            name: name.into(),
-            subjects: vec![format!("{subject}.>")],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            num_replicas: replicas,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .map_err(nats)?;
-    }
-    Ok(())
 }
 
 /// What a starting worker does to the consumers' [`PRIORITY_GROUP`].
@@ -161,6 +140,7 @@ pub async fn consumer(
             CONSUMER,
             consumer::pull::Config {
                 durable_name: Some(CONSUMER.into()),
+                filter_subject: subjects::dispatching(),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
                 max_ack_pending: MAX_ACK_PENDING as i64,

@@ -7,12 +7,13 @@
 //!
 //! | subject | stream | what |
 //! |---|---|---|
-//! | `ferry.log.<g>` | `FERRY_THREADS` | the thread's log: one commit per command |
+//! | `ferry.log.<g>.d` | `FERRY_THREADS` | a commit of the thread's log that hands calls to dispatch: what workers consume |
+//! | `ferry.log.<g>.c` | `FERRY_THREADS` | any other commit of the thread's log |
 //! | `ferry.call.<g>.<id>` | `FERRY_THREADS` | the latest record of each call |
-//! | `ferry.logged.<g>` | (republished by `FERRY_THREADS`) | the headers of each commit the stream *stored*, for runtime nodes to wake readers |
-//! | `ferry.in.<g>` | `FERRY_INBOX` | requests relayed by runtime nodes, for workers to apply |
-//! | `ferry.work.<g>` | `FERRY_WORK` | dispatch work for workers |
-//! | `ferry.reply.<run>.<n>` | (core NATS) | a worker's answer to the node run awaiting it |
+//! | `ferry.logged.<g>.<d\|c>` | (republished by `FERRY_THREADS`) | the headers of each commit the stream *stored*, for runtime nodes to wake readers |
+//!
+//! A thread's log is both subjects together, `ferry.log.<g>.*`: appends
+//! compare-and-set on that filter's last sequence, and reads take it whole.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -23,9 +24,10 @@ pub const CALL: &str = "ferry.call";
 /// stored. Not `LOG` itself: a publish that loses its compare-and-set
 /// still reaches core subscribers of its subject.
 pub const LOGGED: &str = "ferry.logged";
-pub const INBOX: &str = "ferry.in";
-pub const WORK: &str = "ferry.work";
-pub const REPLY: &str = "ferry.reply";
+/// The last token of a commit that hands calls to dispatch.
+const DISPATCHES: &str = "d";
+/// The last token of any other commit.
+const COMMITS: &str = "c";
 
 /// One subject token standing for `id`.
 pub fn token(id: &str) -> String {
@@ -36,21 +38,27 @@ fn untoken(token: &str) -> Option<String> {
     String::from_utf8(URL_SAFE_NO_PAD.decode(token).ok()?).ok()
 }
 
+/// The whole log of a thread: a filter over both kinds of commit.
 pub fn log(group_id: &str) -> String {
-    format!("{LOG}.{}", token(group_id))
+    format!("{LOG}.{}.*", token(group_id))
+}
+
+/// Where a commit of the thread goes: with `dispatches`, where workers
+/// take it from.
+pub fn commit(group_id: &str, dispatches: bool) -> String {
+    let kind = if dispatches { DISPATCHES } else { COMMITS };
+    format!("{LOG}.{}.{kind}", token(group_id))
+}
+
+/// Every commit that hands calls to dispatch, of every thread.
+pub fn dispatching() -> String {
+    format!("{LOG}.*.{DISPATCHES}")
 }
 
 pub fn call(group_id: &str, id: &str) -> String {
     format!("{CALL}.{}.{}", token(group_id), token(id))
 }
 
-pub fn inbox(group_id: &str) -> String {
-    format!("{INBOX}.{}", token(group_id))
-}
-
-pub fn work(group_id: &str) -> String {
-    format!("{WORK}.{}", token(group_id))
-}
 
 /// The `group_id` a thread subject (`ferry.<kind>.<g>[.…]`) is about.
 pub fn group_of(subject: &str) -> Option<String> {
@@ -70,9 +78,9 @@ mod tests {
     fn hostile_ids_stay_one_token() {
         let dots = ".".repeat(255);
         for g in ["a.*.>", "$JS.API", "a b", "é🙂", ">", "*", dots.as_str()] {
-            let subject = log(g);
+            let subject = commit(g, true);
             let tokens: Vec<&str> = subject.split('.').collect();
-            assert_eq!(tokens.len(), 3, "{g:?} -> {subject}");
+            assert_eq!(tokens.len(), 4, "{g:?} -> {subject}");
             assert!(
                 tokens[2]
                     .chars()
@@ -89,6 +97,7 @@ mod tests {
     #[test]
     fn distinct_ids_give_distinct_subjects() {
         assert_ne!(log("a"), log("a."));
+        assert_ne!(commit("a", false), commit("a.", false));
         assert_ne!(call("a", "b.c"), call("a.b", "c"));
     }
 }

@@ -1,9 +1,9 @@
-//! A worker's two loops: apply relayed requests (`FERRY_INBOX`) through the
-//! engine and answer the node that waits, and carry out dispatch work
-//! (`FERRY_WORK`). A message is acked only after its effect is stored, so a
-//! worker killed at any point leaves its messages to another worker; the
-//! state machine makes the repeat harmless (invariants 2 and 4). Both loops
-//! end when the worker stops ([`super::stop`]).
+//! A worker's loop: it carries out the commits that hand calls to dispatch
+//! (`ferry.log.*.d`, see [`super::streams`]). A commit is acked only after
+//! each of its calls' outcomes is stored (or the call is found no longer
+//! waiting), so a worker killed at any point leaves it to another worker;
+//! the state machine makes the repeat harmless (invariants 2 and 4). The
+//! loop ends when the worker stops ([`super::stop`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,36 +12,15 @@ use async_nats::jetstream::{self, AckKind};
 use ferry_proto::bus::Work;
 use ferry_worker::{Handled, Worker};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{info, warn};
 
 use super::pull::Puller;
-use super::relay::{REPLY_HEADER, REQUEST_HEADER};
 use super::stop::{Phase, Stop};
 use super::streams::{ACK_WAIT, MAX_ACK_PENDING};
-use crate::engine::requests::{Refusal, Request};
-use crate::engine::{self, Engine};
-use crate::http::ApiError;
-use crate::{bus, store};
-
-/// Applies relayed requests pulled by `puller` (of [`super::streams::INBOX_STREAM`]),
-/// through NATS outages, answering the waiting node on `client`, until
-/// the worker stops.
-pub async fn apply_requests(
-    engine: Arc<Engine>,
-    client: async_nats::Client,
-    puller: Puller,
-    concurrency: usize,
-    stop: Stop,
-) {
-    let apply_one = {
-        let stop = stop.clone();
-        move |message| {
-            let (engine, client, stop) = (engine.clone(), client.clone(), stop.clone());
-            async move { apply(&engine, &client, message, &stop).await }
-        }
-    };
-    consume(puller, "requests", concurrency, apply_one, &stop).await
-}
+use super::subjects;
+use crate::engine::Engine;
+use crate::store::codec;
+use crate::store::log::Commit;
 
 /// Dispatch work a worker keeps in hand per attempt it may have in flight.
 const IN_HAND_PER_ATTEMPT: usize = 4;
@@ -52,14 +31,21 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It takes the work `puller` (of [`super::streams::WORK_STREAM`]) brings,
-/// until the worker stops (whose dispatcher the caller stops with it).
-pub async fn dispatch_work(worker: Worker, puller: Puller, max_in_flight: usize, stop: Stop) {
+/// It takes the commits `puller` brings, until the worker stops (whose
+/// dispatcher the caller stops with it); `engine` makes each call's
+/// invocation.
+pub async fn dispatch_work(
+    engine: Arc<Engine>,
+    worker: Worker,
+    puller: Puller,
+    max_in_flight: usize,
+    stop: Stop,
+) {
     let carry_out_one = {
         let stop = stop.clone();
         move |message| {
-            let (worker, stop) = (worker.clone(), stop.clone());
-            async move { carry_out(&worker, message, &stop).await }
+            let (engine, worker, stop) = (engine.clone(), worker.clone(), stop.clone());
+            async move { carry_out(&engine, &worker, message, &stop).await }
         }
     };
     let in_hand = max_in_flight
@@ -169,64 +155,6 @@ impl Drop for Place {
     }
 }
 
-async fn apply(
-    engine: &Arc<Engine>,
-    client: &async_nats::Client,
-    message: jetstream::Message,
-    stop: &Stop,
-) {
-    let request: Request = match rmp_serde::from_slice(&message.payload) {
-        Ok(request) => request,
-        Err(e) => {
-            // Nothing can ever apply it: drop it rather than loop on it.
-            warn!(error = %e, "unreadable relayed request dropped");
-            let _ = message.ack_with(AckKind::Term).await;
-            return;
-        }
-    };
-    let span = info_span!("request", group_id = request.group_id().unwrap_or(""));
-    let id = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(REQUEST_HEADER))
-        .map(|id| id.to_string());
-    // A request slower than the ack deadline (NATS slow to answer, say)
-    // must not be handed to a second worker meanwhile: say we are at it.
-    let applied = store::jetstream::applying(id, engine.perform(request));
-    let Some(answer) = at_work(&message, applied.instrument(span), stop).await else {
-        // Handed back: the node waiting on it gets the answer from the
-        // worker that applies it (or finds it applied: invariant 2).
-        return;
-    };
-    if let Err(e) = &answer {
-        if is_transient(e) {
-            // Leave it for a later attempt (by this or another worker).
-            warn!(error = %e, "request not applied yet; retrying later");
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
-                .await;
-            return;
-        }
-    }
-    let answer = answer.map_err(|e| Refusal::from(ApiError::from(e)));
-    if let Some(reply_to) = message.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
-        let body = rmp_serde::to_vec_named(&answer).expect("answers serialize");
-        if let Err(e) = client.publish(reply_to.to_string(), body.into()).await {
-            warn!(error = %e, "answering the runtime node failed");
-        }
-    }
-    // A plain ack, not a double one: waiting for NATS to confirm it cost a
-    // round trip per message (about 10% of a call's CPU at 64 callers), and
-    // the confirmation changed nothing (a failed ack was only logged). A
-    // lost ack brings the request back after the ack deadline, as a worker
-    // dying here would: a command that wrote finds its commit id already
-    // applied; one that was refused or wrote nothing is answered again and
-    // changes nothing.
-    if let Err(e) = message.ack().await {
-        warn!(error = %e, "acking a request failed; it may be applied again");
-    }
-}
-
 /// Runs `work` on `message`, telling JetStream every third of the ack
 /// deadline that it is still in progress (`+WPI`), so that the message is
 /// not redelivered to another worker while this one is at it. `None` when
@@ -260,41 +188,47 @@ pub(crate) async fn hand_back(message: &jetstream::Message) {
     }
 }
 
-/// Failures of the cluster's plumbing rather than refusals of the request.
-fn is_transient(e: &engine::Error) -> bool {
-    matches!(
-        e,
-        engine::Error::Store(store::Error::Unavailable(_) | store::Error::Conflict(_))
-            | engine::Error::Bus(bus::Error::Unavailable(_))
-    )
+/// The calls a commit of `ferry.log.<g>.d` hands to dispatch, as work.
+fn work_in(engine: &Engine, message: &jetstream::Message) -> Result<Vec<Work>, String> {
+    let group_id = subjects::group_of(&message.subject).ok_or("not a thread's subject")?;
+    let commit: Commit = codec::decode(&message.payload).map_err(|e| e.to_string())?;
+    Ok(commit
+        .dispatches()
+        .filter_map(|call| engine.work_for(&group_id, call, commit.meta.ancestors.as_deref()))
+        .collect())
 }
 
-async fn carry_out(worker: &Worker, message: jetstream::Message, stop: &Stop) {
-    let work: Work = match rmp_serde::from_slice(&message.payload) {
+async fn carry_out(engine: &Engine, worker: &Worker, message: jetstream::Message, stop: &Stop) {
+    let work = match work_in(engine, &message) {
         Ok(work) => work,
         Err(e) => {
-            warn!(error = %e, "unreadable work dropped");
+            warn!(subject = %message.subject, error = %e, "unreadable commit dropped");
             let _ = message.ack_with(AckKind::Term).await;
             return;
         }
     };
-    // Dispatch retries can outlast the ack deadline.
-    match at_work(&message, worker.handle(work), stop).await {
-        Some(Handled::Recorded) => {}
-        Some(Handled::Unrecorded) => {
-            // Dispatch again later: the outcome is not stored anywhere.
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-            return;
-        }
-        Some(Handled::HandedBack) => return hand_back(&message).await,
+    // Dispatch retries can outlast the ack deadline. A commit hands out
+    // one call as a rule; several go out at once.
+    let all = futures::future::join_all(work.into_iter().map(|w| worker.handle(w)));
+    let handled = match at_work(&message, all, stop).await {
+        Some(handled) => handled,
         // Handed back already.
         None => return,
+    };
+    if handled.contains(&Handled::HandedBack) {
+        return hand_back(&message).await;
     }
-    // A plain ack, as for requests: lost, it brings the work back, and the
-    // call, no longer waiting for dispatch, is not sent again (or the tool
-    // sees it twice, which RAP allows; the agent never sees two results).
+    if handled.contains(&Handled::Unrecorded) {
+        // Dispatch again later: an outcome is not stored anywhere. The
+        // calls recorded meanwhile are no longer waiting, and are skipped.
+        let _ = message
+            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            .await;
+        return;
+    }
+    // A plain ack: lost, it brings the commit back, and its calls, no
+    // longer waiting for dispatch, are not sent again (or the tool sees
+    // one twice, which RAP allows; the agent never sees two results).
     if let Err(e) = message.ack().await {
         warn!(error = %e, "acking work failed; it may be dispatched again");
     }

@@ -20,27 +20,9 @@ pub enum Submitted {
 
 impl Engine {
     /// Validates, records and enqueues a call. Answers once it is durable.
-    pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
-        self.submit_to(req, None).await
-    }
-
-    /// [`Engine::submit`] of a call whose `operation` a cluster node
-    /// resolved to `tool` (`Toolset.tool@version`). A toolset reaches this
-    /// process through the toolset bucket's watch, which may lag the node
-    /// that registered it: the registry is read again before the call is
-    /// refused for a tool the node knew.
     #[instrument(skip_all, fields(group_id = ?req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
-    pub async fn submit_to(
-        &self,
-        req: SubmitCall,
-        tool: Option<&str>,
-    ) -> Result<(Submitted, SubmitReply), Error> {
-        if let Some(tool) = tool {
-            if self.resolve(tool).is_err() {
-                self.load_toolsets().await?;
-            }
-        }
-        let result = self.submit_inner(req.normalized(), tool).await;
+    pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+        let result = self.submit_inner(req.normalized()).await;
         if let Err(e) = &result {
             let code = crate::http::error_code(e);
             ::metrics::counter!(metrics::CALLS_REJECTED, "code" => code).increment(1);
@@ -53,16 +35,6 @@ impl Engine {
     /// Returns the resolved tool (none for the built-in
     /// `cancel_subscription`).
     pub fn check_submission(&self, req: &SubmitCall) -> Result<Option<toolsets::Resolved>, Error> {
-        self.check_submission_to(req, None)
-    }
-
-    /// [`Engine::check_submission`], resolving `tool` (when given) rather
-    /// than the submission's `operation`.
-    fn check_submission_to(
-        &self,
-        req: &SubmitCall,
-        tool: Option<&str>,
-    ) -> Result<Option<toolsets::Resolved>, Error> {
         self.check_id("group_id", &req.group_id)?;
         if let Some(id) = &req.id {
             self.check_id("id", id)?;
@@ -78,7 +50,7 @@ impl Engine {
                 .map_err(Error::InvalidArguments)?;
             Ok(None)
         } else {
-            let resolved = self.resolve(tool.unwrap_or(&req.operation))?;
+            let resolved = self.resolve(&req.operation)?;
             toolsets::check_arguments(&resolved.validator, &req.arguments)
                 .map_err(Error::InvalidArguments)?;
             Ok(Some(resolved))
@@ -92,12 +64,8 @@ impl Engine {
         })
     }
 
-    async fn submit_inner(
-        &self,
-        req: SubmitCall,
-        tool: Option<&str>,
-    ) -> Result<(Submitted, SubmitReply), Error> {
-        let resolved = match self.check_submission_to(&req, tool) {
+    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+        let resolved = match self.check_submission(&req) {
             Err(refused) if refused.rests_on_toolsets() && req.id.is_some() => {
                 return self.resubmit(req, refused).await;
             }
@@ -224,19 +192,30 @@ impl Engine {
         Ok(self.store.thread(group_id).await?.and_then(|t| t.ancestors))
     }
 
-    /// Hands a queued call to the workers. The invocation names the
-    /// thread's ancestors as the thread recorded them (from its first call
-    /// that named any: rap-1 asks for them whenever the thread has
-    /// ancestors), or else the call's own.
+    /// Hands a queued call to the bus.
     pub(crate) async fn enqueue(
         &self,
         group_id: &str,
         call: &CallRecord,
         thread_ancestors: Option<&[String]>,
     ) -> Result<(), Error> {
-        let Some(target) = &call.target else {
-            return Ok(());
-        };
+        if let Some(work) = self.work_for(group_id, call, thread_ancestors) {
+            self.bus.publish(work).await?;
+        }
+        Ok(())
+    }
+
+    /// The dispatch of a queued call to its tool (none for a built-in
+    /// tool): the RAP invocation, with the call's capability in its
+    /// callback URL. The invocation's `thread_ancestors` are the thread's
+    /// recorded ones, else the call's.
+    pub fn work_for(
+        &self,
+        group_id: &str,
+        call: &CallRecord,
+        thread_ancestors: Option<&[String]>,
+    ) -> Option<Work> {
+        let target = call.target.as_ref()?;
         let token = self.caps.mint(group_id, &call.id);
         let invocation = Invocation {
             operation: target.tool_name.clone(),
@@ -250,13 +229,10 @@ impl Engine {
                 .or_else(|| call.submission.thread_ancestors.clone()),
             user_id: call.submission.user_id.clone(),
         };
-        self.bus
-            .publish(Work::Dispatch {
-                endpoint: target.endpoint.clone(),
-                invocation,
-            })
-            .await?;
-        Ok(())
+        Some(Work::Dispatch {
+            endpoint: target.endpoint.clone(),
+            invocation,
+        })
     }
 
     /// Cancels a pending call, or the subscription it opened.

@@ -102,10 +102,6 @@ pub enum Error {
     Store(#[from] store::Error),
     #[error(transparent)]
     Bus(#[from] bus::Error),
-    /// Refused by the process that applied the request (a cluster worker),
-    /// as it came back over the wire: its status and message.
-    #[error("{}", .0.body.error.message)]
-    Refused(requests::Refusal),
 }
 
 impl Error {
@@ -162,6 +158,10 @@ pub struct Engine {
     /// Set when the process stops: open streams and long waits end
     /// (`stopping.rs`).
     stopping: tokio::sync::watch::Sender<bool>,
+    /// How long a tool's 200 waits before it is recorded, where the store
+    /// writes at once and the result is recorded by another process (a
+    /// cluster worker): [`Engine::with_dispatch_grace`].
+    dispatch_grace: std::time::Duration,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -201,7 +201,19 @@ impl Engine {
             armed: Default::default(),
             acks: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
+            dispatch_grace: std::time::Duration::ZERO,
         }
+    }
+
+    /// A tool's 200 is recorded as `call_dispatched` only after `grace`,
+    /// and only if the call still waits for it then. A fast tool's result
+    /// comes first (a runtime node records it), and then the 200 costs no
+    /// write at all: the result says the tool had the call. The worker
+    /// acks its work only once the 200 is recorded or found moot, so a
+    /// crash in the grace re-dispatches the call (invariant 4).
+    pub fn with_dispatch_grace(mut self, grace: std::time::Duration) -> Self {
+        self.dispatch_grace = grace;
+        self
     }
 
     fn lock_for(&self, group_id: &str) -> &Mutex<()> {
@@ -284,7 +296,6 @@ impl Engine {
         in_turn: bool,
     ) -> Result<Executed, Error> {
         let at = now();
-        store::jetstream::command_started();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let turn = in_turn.then(|| self.turns.take(group_id));
@@ -354,21 +365,6 @@ impl Engine {
                         "write lost a compare-and-set race; deciding again"
                     );
                     continue;
-                }
-                Err(store::Error::AlreadyApplied(_)) => {
-                    self.acks.restore(group_id, acks, self.store.hold_back());
-                    // Applied before, by a worker that died before acking
-                    // the request: answer as for any repeat, from what the
-                    // store holds now.
-                    tracing::info!(group_id, "request already applied; nothing recorded");
-                    let ids = command.map(Command::call_ids).unwrap_or_default();
-                    let state = self.store.load(group_id, &ids).await?;
-                    return Ok(Executed {
-                        decision: thread::Decision::nothing(thread::Outcome::Duplicate),
-                        events: vec![],
-                        state,
-                        turn,
-                    });
                 }
                 Err(e) => return Err(e.into()),
                 Ok(()) => {}

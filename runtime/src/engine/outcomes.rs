@@ -48,7 +48,9 @@ impl Outcomes for Engine {
     }
 
     /// Where the store holds writes back, the acknowledgement waits for
-    /// the thread's next command to carry it ([`super::acks`]).
+    /// the thread's next command to carry it ([`super::acks`]); elsewhere
+    /// it is recorded after the engine's dispatch grace, if the call still
+    /// waits for it ([`Engine::with_dispatch_grace`]).
     async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool {
         let ack = super::acks::Ack {
             id: id.into(),
@@ -59,6 +61,9 @@ impl Outcomes for Engine {
             Ok(()) => return true,
             Err(ack) => ack.command(),
         };
+        if !self.dispatch_grace.is_zero() {
+            tokio::time::sleep(self.dispatch_grace).await;
+        }
         match self.record(group_id, command).await {
             Ok(_) | Err(Error::Rejected(_)) => true,
             Err(e) => {

@@ -1,15 +1,14 @@
-//! The engine's mutating requests as data. A single process runs them
-//! directly; in the cluster a runtime node journals them, relays them over
-//! NATS, and a worker runs them here and sends the [`Reply`] back.
+//! The engine's mutating requests as data: what the HTTP fronts ask of
+//! the engine, each run by [`Engine::perform`] to its end.
 
 use std::sync::Arc;
 
-use ferry_proto::api::{ErrorBody, SubmitCall, SubmitReply};
+use ferry_proto::api::{SubmitCall, SubmitReply};
 use serde::{Deserialize, Serialize};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
-use crate::thread::{Answer, CallRecord, Outcome, Rejection};
+use crate::thread::{Answer, CallRecord, Outcome};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -17,12 +16,6 @@ use crate::thread::{Answer, CallRecord, Outcome, Rejection};
 pub enum Request {
     Submit {
         call: SubmitCall,
-        /// The tool the node that took the call resolved its `operation`
-        /// to (`Toolset.tool@version`), set by [`Engine::precheck`]: the
-        /// worker applies the call to that tool, not to whatever its own
-        /// registry resolves the name to, which may lag the node's.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool: Option<String>,
     },
     Callback {
         token: String,
@@ -94,39 +87,6 @@ pub enum Reply {
         last_seq: u64,
     },
     Revoked,
-    /// Journaled on a runtime node whose bus is unreachable (or whose
-    /// workers did not answer in time): durable, applied when relayed. A
-    /// submission's `id` (given or generated) comes back with it.
-    Journaled {
-        id: Option<String>,
-    },
-}
-
-/// A refusal as it crosses the wire: the HTTP status and the error body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Refusal {
-    pub status: u16,
-    pub body: ErrorBody,
-}
-
-impl Refusal {
-    /// The engine error a refusal stands for where the protocol fronts tell
-    /// it apart; any other keeps its status and message as
-    /// [`Error::Refused`]. `id` is the call the refused submission named.
-    pub fn into_submit_error(self, id: &str) -> Error {
-        let detail = &self.body.error;
-        match detail.code.as_str() {
-            "unknown_tool" => Error::UnknownTool(detail.message.clone()),
-            "ambiguous_tool" => Error::AmbiguousTool(detail.message.clone()),
-            "invalid_request" => Error::InvalidRequest(detail.message.clone()),
-            "invalid_arguments" => {
-                Error::InvalidArguments(detail.parameter_errors.clone().unwrap_or_default())
-            }
-            "conflict" => Error::Rejected(Rejection::Conflict(id.to_owned())),
-            "thread_closed" => Error::Rejected(Rejection::ThreadClosed),
-            _ => Error::Refused(self),
-        }
-    }
 }
 
 impl Request {
@@ -134,7 +94,7 @@ impl Request {
     /// callback's thread is inside its token).
     pub fn group_id(&self) -> Option<&str> {
         match self {
-            Request::Submit { call, .. } => Some(&call.group_id),
+            Request::Submit { call } => Some(&call.group_id),
             Request::Callback { .. } | Request::ResultRefused { .. } => None,
             Request::CancelCall { group_id, .. }
             | Request::CancelSubscription { group_id, .. }
@@ -157,8 +117,8 @@ impl Engine {
             outcome: outcome.name().to_owned(),
         };
         Ok(match request {
-            Request::Submit { call, tool } => {
-                let (submitted, reply) = self.submit_to(call, tool.as_deref()).await?;
+            Request::Submit { call } => {
+                let (submitted, reply) = self.submit(call).await?;
                 Reply::Submitted {
                     created: submitted == Submitted::Created,
                     reply,
@@ -210,60 +170,5 @@ impl Engine {
                 Reply::Revoked
             }
         })
-    }
-
-    /// What a runtime node can check before it journals a request, without
-    /// reading the thread: ids, the tool and its arguments, a callback's
-    /// token and body. Fills in a submission's `id` when absent, so the
-    /// agent learns it even when the request is only journaled.
-    pub fn precheck(&self, request: &mut Request) -> Result<(), Error> {
-        match request {
-            Request::Submit { call, tool } => {
-                *tool = self.check_submission(call)?.map(|r| r.qualified);
-                if call.id.is_none() {
-                    call.id = Some(super::calls::fresh_id());
-                }
-                Ok(())
-            }
-            Request::Callback { token, body } => self.check_callback(token, body).map(drop),
-            Request::ResultRefused { token, .. } => {
-                self.caps.open(token).map(drop).map_err(|_| Error::Forged)
-            }
-            Request::CancelCall { group_id, id }
-            | Request::CancelSubscription { group_id, id }
-            | Request::Choose { group_id, id, .. }
-            | Request::Decide { group_id, id, .. }
-            | Request::Withdraw { group_id, id } => {
-                self.check_id("group_id", group_id)?;
-                self.check_id("id", id)
-            }
-            Request::Close { group_id } | Request::RevokeGrant { group_id, .. } => {
-                self.check_id("group_id", group_id)
-            }
-        }
-    }
-
-    /// Whether a submission `precheck` refused for its tool or arguments
-    /// names a call already in its thread: then it is a retry, answered by
-    /// that call ([`Engine::submit`]), not refused.
-    pub async fn retries_a_call(&self, request: &Request, refused: &Error) -> bool {
-        let Request::Submit { call, .. } = request else {
-            return false;
-        };
-        let Some(id) = &call.id else { return false };
-        refused.rests_on_toolsets()
-            && matches!(self.store.call(&call.group_id, id).await, Ok(Some(_)))
-    }
-
-    /// The thread a request is about, callbacks included.
-    pub fn thread_of(&self, request: &Request) -> Result<String, Error> {
-        match request {
-            Request::Callback { token, .. } | Request::ResultRefused { token, .. } => self
-                .caps
-                .open(token)
-                .map(|(group_id, _)| group_id)
-                .map_err(|_| Error::Forged),
-            other => Ok(other.group_id().unwrap_or_default().to_owned()),
-        }
     }
 }

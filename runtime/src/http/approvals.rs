@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::JsonBody;
-use super::{journaled, unexpected, ApiError, AppState};
+use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
 use crate::engine::reviewer_reads_as;
 
@@ -120,7 +120,6 @@ pub async fn revoke(
         Reply::Revoked => {
             Ok(Json(json!({"group_id": group_id, "tool": tool, "revoked": true})).into_response())
         }
-        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id, "tool": tool}))),
         other => Err(unexpected(other)),
     }
 }

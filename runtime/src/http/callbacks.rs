@@ -1,14 +1,15 @@
 //! `POST /v1/callbacks/{token}`: the five RAP callback types.
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::Json;
 use ferry_proto::rap::Peek;
 use serde_json::json;
 
 use super::body::{read_body, too_large, BodyError};
-use super::{journaled, unexpected, ApiError, AppState};
+use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{self, Reply};
+use crate::engine::Error;
+use crate::store;
 use crate::thread::Outcome;
 
 /// 200 `{"status": "applied" | "duplicate" | "ignored"}` once durable.
@@ -55,20 +56,15 @@ pub async fn receive(
         token: token.clone(),
         body: body.to_vec(),
     };
-    match app.perform(request).await {
+    match app.perform.perform(request).await {
         Ok(Reply::Callback { outcome }) => Ok(Json(json!({"status": outcome})).into_response()),
-        Ok(Reply::Journaled { .. }) => Ok(journaled(json!({}))),
         Ok(other) => Err(unexpected(other)),
         // A cluster node refuses what NATS could not carry.
-        Err(e) if is_too_large(&e) => {
-            Err(refuse_for_size(&app, &token, &Peek::of(&body), None, e).await)
+        Err(e @ Error::Store(store::Error::TooLarge(_))) => {
+            Err(refuse_for_size(&app, &token, &Peek::of(&body), None, e.into()).await)
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
-}
-
-fn is_too_large(e: &ApiError) -> bool {
-    e.status == StatusCode::PAYLOAD_TOO_LARGE && e.body.error.code == "payload_too_large"
 }
 
 /// Refuses a callback for its size; if `peek` shows it was its call's
@@ -93,9 +89,6 @@ async fn refuse_for_size(
     match app.perform(request).await {
         Ok(Reply::Callback { outcome }) if outcome == Outcome::Applied.name() => {
             refused.body.error.message += "; the call failed with an error result saying so";
-        }
-        Ok(Reply::Journaled { .. }) => {
-            refused.body.error.message += "; the call will fail with an error result saying so";
         }
         // Not recorded for want of the store (or NATS): a 5xx, which the
         // tool retries, rather than a 413 that would leave the call waiting.

@@ -6,34 +6,24 @@ use super::path::Path;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use ferry_proto::api::{SubmitCall, SubmitReply};
+use ferry_proto::api::SubmitCall;
 use ferry_proto::rap::{DisplaySegment, KnownSegment};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::views::CallView;
-use super::{journaled, unexpected, ApiError, AppState};
+use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
 use axum::response::{IntoResponse, Response};
 
 /// 202 when the call is new and durable; 200 when the same call was already
 /// submitted (nothing new is dispatched).
-///
-/// A cluster node that could only journal the call answers 202 with
-/// status `queued` and `seq` 0: the call is durable, not yet in the log.
 pub async fn submit(
     State(app): State<AppState>,
     JsonBody(req): JsonBody<SubmitCall>,
 ) -> Result<Response, ApiError> {
-    let group_id = req.group_id.clone();
-    match app
-        .perform(Request::Submit {
-            call: req,
-            tool: None,
-        })
-        .await?
-    {
+    match app.perform(Request::Submit { call: req }).await? {
         Reply::Submitted { created, reply } => {
             let status = if created {
                 StatusCode::ACCEPTED
@@ -42,17 +32,6 @@ pub async fn submit(
             };
             Ok((status, Json(reply)).into_response())
         }
-        Reply::Journaled { id: Some(id) } => Ok((
-            StatusCode::ACCEPTED,
-            Json(SubmitReply {
-                group_id,
-                id,
-                status: ferry_proto::api::CallStatus::Queued,
-                seq: 0,
-                result: None,
-            }),
-        )
-            .into_response()),
         other => Err(unexpected(other)),
     }
 }
@@ -63,22 +42,9 @@ pub(crate) async fn call_reply(
     group_id: &str,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let id = request_call_id(&request);
     match app.perform(request).await? {
         Reply::Call { call } => Ok(Json(CallView::new(group_id, *call)).into_response()),
-        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id, "id": id}))),
         other => Err(unexpected(other)),
-    }
-}
-
-fn request_call_id(request: &Request) -> Option<String> {
-    match request {
-        Request::CancelCall { id, .. }
-        | Request::CancelSubscription { id, .. }
-        | Request::Choose { id, .. }
-        | Request::Decide { id, .. }
-        | Request::Withdraw { id, .. } => Some(id.clone()),
-        _ => None,
     }
 }
 

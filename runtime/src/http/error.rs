@@ -5,7 +5,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::ErrorBody;
 
-use crate::engine::requests::Refusal;
 use crate::engine::Error;
 use crate::store;
 use crate::thread::Rejection;
@@ -28,9 +27,20 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        response
     }
 }
+
+/// What a 503 tells its client to wait before the same request again:
+/// the store (NATS) is out of reach, or the thread too busy, for now.
+pub const RETRY_AFTER_SECS: &str = "1";
 
 /// The status and code of an engine error.
 fn classify(e: &Error) -> (StatusCode, &'static str) {
@@ -69,8 +79,6 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
         Error::Store(store::Error::TooLarge(_)) => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
         Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
         Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
-        // Its own code is in its body (`From<Error> for ApiError`).
-        Error::Refused(_) => (S::BAD_GATEWAY, "refused"),
     }
 }
 
@@ -79,31 +87,8 @@ pub fn error_code(e: &Error) -> &'static str {
     classify(e).1
 }
 
-/// A refusal as it crosses the wire between a cluster node and a worker.
-impl From<ApiError> for Refusal {
-    fn from(e: ApiError) -> Self {
-        Refusal {
-            status: e.status.as_u16(),
-            body: e.body,
-        }
-    }
-}
-
-impl From<Refusal> for ApiError {
-    fn from(refused: Refusal) -> Self {
-        ApiError {
-            status: StatusCode::from_u16(refused.status)
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body: refused.body,
-        }
-    }
-}
-
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        if let Error::Refused(refused) = e {
-            return refused.into();
-        }
         let (status, code) = classify(&e);
         match &e {
             // A 502, but about the tool server the caller named, not Ferry.
@@ -123,30 +108,19 @@ impl From<Error> for ApiError {
 mod tests {
     use super::*;
 
-    /// What a front tells apart survives the wire: an engine error made an
-    /// HTTP refusal (as a cluster worker sends it back) and read again by
-    /// the MCP or OXP front is the same error.
+    /// DESIGN.md, invariant 1: "When the store cannot take the write, the
+    /// answer is 503 with `Retry-After`, and nothing changes."
     #[test]
-    fn a_refusal_read_back_is_the_error_it_was() {
-        let errors = serde_json::Map::from_iter([("b".to_owned(), "must be a number".into())]);
-        let cases = [
-            Error::UnknownTool("no tool x".into()),
-            Error::AmbiguousTool("x is in A and B".into()),
-            Error::InvalidRequest("bad id".into()),
-            Error::InvalidArguments(errors),
-            Error::Rejected(Rejection::Conflict("c".into())),
-            Error::Rejected(Rejection::ThreadClosed),
-        ];
-        for error in cases {
-            let shown = format!("{error:?}");
-            let refusal = Refusal::from(ApiError::from(error));
-            assert_eq!(format!("{:?}", refusal.into_submit_error("c")), shown);
+    fn a_store_out_of_reach_is_a_503_that_says_when_to_retry() {
+        for e in [
+            store::Error::Unavailable("not connected to NATS".into()),
+            store::Error::Conflict("g".into()),
+        ] {
+            let response = ApiError::from(Error::Store(e)).into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(response.headers()["retry-after"], RETRY_AFTER_SECS);
         }
-        // Anything else keeps its status, code and message.
-        let api = ApiError::from(Error::Store(store::Error::Unavailable("NATS".into())));
-        let (status, body) = (api.status, api.body.clone());
-        let refusal = Refusal::from(api);
-        let back = ApiError::from(refusal.into_submit_error("c"));
-        assert_eq!((back.status, back.body), (status, body));
+        let refused = ApiError::from(Error::InvalidRequest("bad id".into())).into_response();
+        assert!(refused.headers().get("retry-after").is_none());
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use axum::routing::{delete, get, post};
 use axum::Router;
 
-use crate::engine::requests::{Refusal, Reply, Request};
+use crate::engine::requests::{Reply, Request};
 use crate::engine::Engine;
 use ferry_proto::api::SubmitCall;
 
@@ -52,87 +52,52 @@ where
     }
 }
 
-/// Where mutating requests go: the engine of this process (`ferry serve`),
-/// or a cluster node's relay (journal, NATS, a worker's answer).
+/// Where mutating requests go: the engine of this process, which decides
+/// each against its thread's log and answers once the decision is durable
+/// (sled in `ferry serve`, JetStream on a cluster node).
 #[async_trait::async_trait]
 pub trait Perform: Send + Sync + 'static {
-    async fn perform(&self, request: Request) -> Result<Reply, ApiError>;
-
-    /// [`Perform::perform`], waiting up to `wait` for a cluster worker's
-    /// answer before answering [`Reply::Journaled`] (a node's own reply
-    /// wait is short: the native API answers `202 journaled`; a protocol
-    /// front would rather wait for the outcome, a refusal included).
-    async fn perform_within(
-        &self,
-        request: Request,
-        _wait: std::time::Duration,
-    ) -> Result<Reply, ApiError> {
-        self.perform(request).await
-    }
+    async fn perform(&self, request: Request) -> Result<Reply, crate::engine::Error>;
 }
 
-/// The single-process `Perform`: the engine, detached from the connection.
+/// The engine, detached from the connection.
 pub struct Local(pub Arc<Engine>);
 
 #[async_trait::async_trait]
 impl Perform for Local {
-    async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
+    async fn perform(&self, request: Request) -> Result<Reply, crate::engine::Error> {
         let engine = self.0.clone();
-        detached(async move { engine.perform(request).await }).await
+        match tokio::spawn(async move { engine.perform(request).await }).await {
+            Ok(result) => result,
+            Err(e) => Err(crate::store::Error::Backend(format!(
+                "the command did not complete: {e}"
+            ))
+            .into()),
+        }
     }
 }
 
-/// A submission a protocol front made: its call's id, and whether a
-/// cluster node only journaled it (no worker answered within `wait`, or
-/// NATS is down): then it is not in the thread's log yet, and it runs once
-/// a worker applies it.
-pub(crate) struct Taken {
-    pub id: String,
-    pub journaled: bool,
-}
-
 /// Submits a call for a protocol front (MCP, OXP) the way the native API
-/// does, through `perform`: `ferry serve` runs it in this process, a
-/// cluster node journals it and relays it to a worker, waiting up to
-/// `wait` for the worker's answer. Refusals come back as engine errors, so
-/// each front keeps one mapping.
+/// does, through `perform`; returns the call's id. Refusals are engine
+/// errors, so each front keeps one mapping.
 pub(crate) async fn submit_call(
     perform: &dyn Perform,
     mut call: SubmitCall,
-    wait: std::time::Duration,
-) -> Result<Taken, crate::engine::Error> {
+) -> Result<String, crate::engine::Error> {
     let id = call
         .id
         .get_or_insert_with(crate::engine::calls::fresh_id)
         .clone();
-    let refused = |e: ApiError| Refusal::from(e).into_submit_error(&id);
-    match perform
-        .perform_within(Request::Submit { call, tool: None }, wait)
-        .await
-    {
-        Ok(Reply::Submitted { reply, .. }) => Ok(Taken {
-            id: reply.id,
-            journaled: false,
-        }),
-        Ok(Reply::Journaled { .. }) => Ok(Taken {
-            id: id.clone(),
-            journaled: true,
-        }),
-        Ok(other) => Err(refused(unexpected(other))),
-        Err(e) => Err(refused(e)),
+    match perform.perform(Request::Submit { call }).await? {
+        Reply::Submitted { reply, .. } => Ok(reply.id),
+        other => Err(crate::store::Error::Backend(format!(
+            "unexpected reply {other:?} to the submission of {id:?}"
+        ))
+        .into()),
     }
 }
 
-/// The answer to a request a cluster node journaled but has no result for
-/// yet: `202`, durable, to be applied.
-pub(crate) fn journaled(what: serde_json::Value) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let mut body = what;
-    body["status"] = "journaled".into();
-    (axum::http::StatusCode::ACCEPTED, axum::Json(body)).into_response()
-}
-
-/// A reply of an unexpected kind: a bug between node and worker versions.
+/// A reply of an unexpected kind: a bug.
 pub(crate) fn unexpected(reply: Reply) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -153,7 +118,7 @@ pub struct AppState {
 
 impl AppState {
     pub(crate) async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
-        self.perform.perform(request).await
+        Ok(self.perform.perform(request).await?)
     }
 }
 

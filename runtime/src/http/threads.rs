@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::views::{CallView, ThreadView};
-use super::{journaled, unexpected, ApiError, AppState};
+use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
 use crate::engine::{reads, Engine};
 
@@ -317,7 +317,6 @@ pub async fn close(
             json!({"group_id": group_id, "closed": true, "last_seq": last_seq}),
         )
         .into_response()),
-        Reply::Journaled { .. } => Ok(journaled(json!({"group_id": group_id}))),
         other => Err(unexpected(other)),
     }
 }

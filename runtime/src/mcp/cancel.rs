@@ -68,7 +68,7 @@ impl Running {
             }
             // Settled meanwhile: "processing has already completed".
             Err(e) => {
-                tracing::info!(group_id = ?call.group_id, id = ?call.id, error = %e.body.error.message, "MCP cancellation not applied")
+                tracing::info!(group_id = ?call.group_id, id = ?call.id, error = %e, "MCP cancellation not applied")
             }
         }
     }

@@ -65,8 +65,7 @@ impl Default for McpConfig {
 
 struct Mcp {
     engine: Arc<Engine>,
-    /// Where calls are submitted: this process's engine, or a cluster
-    /// node's relay.
+    /// Where calls are submitted: the engine, detached from the client.
     perform: Arc<dyn Perform>,
     config: McpConfig,
     sessions: Sessions,

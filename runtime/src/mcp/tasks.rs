@@ -159,9 +159,8 @@ pub async fn list(
     Ok(result)
 }
 
-/// `tasks/cancel`: cancels the durable call (Ferry tells the tool).
-/// `tasks/cancel`: cancels the call through `perform` (a cluster node
-/// journals it like a native `DELETE`).
+/// `tasks/cancel`: cancels the durable call through `perform`, like a
+/// native `DELETE` (Ferry tells the tool).
 pub async fn cancel(
     engine: &std::sync::Arc<Engine>,
     perform: &dyn crate::http::Perform,
@@ -183,12 +182,17 @@ pub async fn cancel(
     };
     match perform.perform(request).await {
         Ok(crate::engine::requests::Reply::Call { call }) => Ok(view(&task.group_id, &call)),
-        // Journaled by a cluster node: the task as it stands until applied.
         Ok(_) => Ok(view(&task.group_id, &load(engine, &task).await?)),
-        Err(e) if e.status.is_client_error() => Err(RpcError::invalid_params(format!(
-            "Cannot cancel task: {}",
-            e.body.error.message
-        ))),
-        Err(e) => Err(RpcError::internal(e.body.error.message)),
+        Err(e) => {
+            let e = crate::http::ApiError::from(e);
+            if e.status.is_client_error() {
+                Err(RpcError::invalid_params(format!(
+                    "Cannot cancel task: {}",
+                    e.body.error.message
+                )))
+            } else {
+                Err(RpcError::internal(e.body.error.message))
+            }
+        }
     }
 }

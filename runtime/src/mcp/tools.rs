@@ -224,13 +224,8 @@ pub enum Submitted {
     Refused(Value),
 }
 
-/// How long a cluster node waits for a worker to take the call (or refuse
-/// it) before telling the client it is only journaled.
-const JOURNALED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Submits the call like `POST /v1/calls` (`http::submit_call`: detached
-/// from the client's connection in `ferry serve`, journaled first on a
-/// cluster node, whose worker's answer it waits for).
+/// from the client's connection, answered once decided and durable).
 #[instrument(skip_all, fields(group_id, call_id = ?id, tool = ?name))]
 pub async fn submit(
     perform: &dyn Perform,
@@ -255,17 +250,8 @@ pub async fn submit(
         user_id: place.user_id,
         thread_ancestors: place.thread_ancestors,
     };
-    match crate::http::submit_call(perform, request, JOURNALED_WAIT).await {
-        Ok(taken) => {
-            let id = taken.id;
-            if taken.journaled {
-                let g = &place.group_id;
-                return Err(RpcError::internal(format!(
-                    "the call is journaled as {id:?} in thread {g:?}, but the cluster did not \
-                     take it within {JOURNALED_WAIT:?} (NATS or its workers are unavailable); it \
-                     runs once they are back: read it at GET /v1/threads/{{group_id}}/calls/{{id}}"
-                )));
-            }
+    match crate::http::submit_call(perform, request).await {
+        Ok(id) => {
             info!("MCP call accepted");
             Ok(Submitted::Call(Accepted {
                 group_id: place.group_id,
@@ -305,6 +291,9 @@ pub async fn submit(
             "content": [{"type": "text", "text": format!("Error: {r}")}],
             "isError": true,
         }))),
+        Err(e @ (Error::Store(_) | Error::Bus(_))) => Err(RpcError::internal(format!(
+            "{e}: Ferry could not record the call and nothing changed; retry the same request"
+        ))),
         Err(e) => Err(RpcError::internal(e.to_string())),
     }
 }

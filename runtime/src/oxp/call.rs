@@ -259,20 +259,12 @@ async fn settle(
         submit.id = Some(id.clone());
     }
     let group_id = submit.group_id.clone();
-    // Like a native submission (run detached from the client's
-    // connection, or journaled by a cluster node).
+    // Like a native submission: run detached from the client's
+    // connection, answered once decided and durable.
     let deadline = tokio::time::Instant::now() + oxp.wait;
-    let taken = crate::http::submit_call(&*oxp.perform, submit, oxp.wait)
+    crate::http::submit_call(&*oxp.perform, submit)
         .await
         .map_err(submit_error)?;
-    if taken.journaled {
-        info!("OXP call journaled, not yet taken by the cluster");
-        return Ok(still_running(
-            &call_id,
-            0,
-            "the call is journaled; NATS or the cluster's workers did not take it in time",
-        ));
-    }
     let rest = deadline.saturating_duration_since(tokio::time::Instant::now());
     let call = oxp
         .engine
@@ -301,12 +293,10 @@ fn submit_error(e: Error) -> OxpError {
         Error::Rejected(Rejection::ThreadClosed) => {
             bad("The thread of this user is closed", e.to_string())
         }
-        Error::Store(_) | Error::Bus(_) => {
-            bad("The tool server is temporarily unavailable", e.to_string())
-        }
-        Error::Refused(ref r) if r.status >= 500 => {
-            bad("The tool server is temporarily unavailable", e.to_string())
-        }
+        Error::Store(_) | Error::Bus(_) => bad(
+            "The tool server is temporarily unavailable",
+            format!("{e}; nothing was recorded: retry the same request"),
+        ),
         other => bad("The call could not be made", other.to_string()),
     }
 }

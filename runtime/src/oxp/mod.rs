@@ -47,8 +47,7 @@ impl Default for OxpConfig {
 /// The OXP handlers' shared state.
 pub struct Oxp {
     engine: Arc<Engine>,
-    /// Where calls are submitted: this process's engine, or a cluster
-    /// node's relay.
+    /// Where calls are submitted: the engine, detached from the client.
     perform: Arc<dyn Perform>,
     auth: auth::Auth,
     /// A call is a change: a page on another site must not make one

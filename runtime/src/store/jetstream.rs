@@ -2,12 +2,16 @@
 //! and worker reads and writes the same threads.
 //!
 //! Layout (stream `FERRY_THREADS`, see `cluster::subjects`):
-//! - `ferry.log.<g>` — the thread's log: one message per command, a
+//! - `ferry.log.<g>.*` — the thread's log: one message per command, a
 //!   [`Commit`] holding the command's events, the thread's metadata after
-//!   them, and the calls the command loaded (after them). Appends are
-//!   compare-and-set on the subject's last sequence
-//!   (`Nats-Expected-Last-Subject-Sequence`), so the log is one total order
-//!   however many processes write.
+//!   them, and the calls the command loaded (after them). A commit that
+//!   hands calls to dispatch goes to `ferry.log.<g>.d`, where workers take
+//!   it from (the commit *is* the work: there is no second write that a
+//!   crash could separate from it), any other to `ferry.log.<g>.c`.
+//!   Appends are compare-and-set on the last sequence of the whole filter
+//!   (`Nats-Expected-Last-Subject-Sequence` with
+//!   `Nats-Expected-Last-Subject-Sequence-Subject`), so the log is one total
+//!   order however many processes write.
 //! - `ferry.call.<g>.<id>` — each call's copy, written when its thread moves
 //!   on (the rule is in `store::log`, shared with the sled adapter). Copies
 //!   are compare-and-set, so a slow copier cannot put an older version
@@ -17,19 +21,11 @@
 //!
 //! An acknowledged publish is durable: the server runs with
 //! `sync_interval: always` (or R3 streams; see `ops/nats/`), so `flush` has
-//! nothing left to do.
-//!
-//! A commit written while a worker applies a relayed request ([`applying`])
-//! carries `Nats-Msg-Id` = the request's id and the ordinal of its command
-//! within the request ([`command_started`]; commands that wrote nothing
-//! count too, so a repeat numbers its commands as the first run did). A
-//! request applied twice (its worker died after the commit, before the
-//! ack) then finds its commit already stored and changes nothing, which
-//! matters for what state cannot dedupe: a `subscription_event` has no id
-//! of its own. The window is the stream's `duplicate_window`, two minutes,
-//! against JetStream's 10 s ack deadline.
+//! nothing left to do. A write is not even sent while the client is not
+//! connected: the client would queue it and send it after a reconnect,
+//! long after the caller was told 503, and a request refused that way must
+//! change nothing.
 
-use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,33 +55,6 @@ pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 /// The header carrying a commit's last event sequence number, so watchers
 /// learn a thread's tip without decoding the commit.
 const LAST_SEQ_HEADER: &str = "Ferry-Last-Seq";
-
-tokio::task_local! {
-    /// The relayed request being applied, and how many commands it started.
-    static REQUEST: (String, Cell<u32>);
-}
-
-/// Runs `work` (applying the relayed request `id`) so that the commits it
-/// writes are stored once however often the request is applied.
-pub async fn applying<T>(id: Option<String>, work: impl Future<Output = T>) -> T {
-    match id {
-        Some(id) => REQUEST.scope((id, Cell::new(0)), work).await,
-        None => work.await,
-    }
-}
-
-/// Counts a command of the request being applied (if any), once however
-/// often it is decided again after a lost compare-and-set.
-pub(crate) fn command_started() {
-    let _ = REQUEST.try_with(|(_, started)| started.set(started.get() + 1));
-}
-
-/// The `Nats-Msg-Id` of the commit of the request's current command.
-fn commit_id() -> Option<String> {
-    REQUEST
-        .try_with(|(id, started)| format!("{id}/{}", started.get().saturating_sub(1)))
-        .ok()
-}
 
 /// What a store following commits must learn from its NATS client's event
 /// callback: messages a subscription dropped because its reader fell
@@ -445,6 +414,9 @@ impl JetStreamStore {
     }
 
     async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
+        if self.js.client().connection_state() != async_nats::connection::State::Connected {
+            return Err(Error::Unavailable("not connected to NATS".into()));
+        }
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, body)
@@ -457,8 +429,6 @@ impl JetStreamStore {
                 _ => backend(e),
             })?;
         match ack.await {
-            // Only commits of a request being applied carry a message id.
-            Ok(ack) if ack.duplicate => Err(Error::AlreadyApplied(subject)),
             Ok(_) => Ok(()),
             Err(e) if lost_race(&e) => Err(Error::Conflict(subject)),
             Err(e) => Err(backend(e)),
@@ -673,12 +643,13 @@ impl Store for JetStreamStore {
             "Nats-Expected-Last-Subject-Sequence",
             expected_stream_seq.to_string().as_str(),
         );
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence-Subject",
+            subjects::log(group_id).as_str(),
+        );
         headers.insert(LAST_SEQ_HEADER, commit.meta.last_seq.to_string().as_str());
-        if let Some(id) = commit_id() {
-            headers.insert("Nats-Msg-Id", id.as_str());
-        }
-        self.publish(subjects::log(group_id), headers, body.into())
-            .await?;
+        let subject = subjects::commit(group_id, commit.dispatches().next().is_some());
+        self.publish(subject, headers, body.into()).await?;
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
         advance(&self.tips, group_id, commit.meta.last_seq);
         Ok(())
@@ -745,8 +716,12 @@ impl Store for JetStreamStore {
 
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
         let mut out = vec![];
-        for subject in self.subjects_under(format!("{}.*", subjects::LOG)).await? {
-            if let Some(group_id) = subjects::group_of(&subject) {
+        let mut seen = HashSet::new();
+        for subject in self.subjects_under(format!("{}.*.*", subjects::LOG)).await? {
+            let Some(group_id) = subjects::group_of(&subject) else {
+                continue;
+            };
+            if seen.insert(group_id.clone()) {
                 if let Some(meta) = self.thread(&group_id).await? {
                     out.push(meta);
                 }

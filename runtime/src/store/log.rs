@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use ferry_proto::api::Event;
+use ferry_proto::api::{Event, EventKind};
 use serde::{Deserialize, Serialize};
 
 use super::Write;
@@ -72,6 +72,23 @@ impl Commit {
 
     pub fn call(&self, id: &str) -> Option<&CallRecord> {
         self.calls.iter().find(|c| c.id == id)
+    }
+
+    /// The calls this commit hands to dispatch: accepted, or allowed by a
+    /// decision, in this very commit, and waiting for dispatch after it.
+    /// In a cluster such a commit is itself the workers' work item.
+    pub fn dispatches(&self) -> impl Iterator<Item = &CallRecord> {
+        self.calls.iter().filter(|call| {
+            call.target.is_some()
+                && call.awaits_dispatch()
+                && self.events.iter().any(|e| {
+                    e.id.as_deref() == Some(call.id.as_str())
+                        && matches!(
+                            e.kind,
+                            EventKind::CallAccepted { .. } | EventKind::ApprovalDecided { .. }
+                        )
+                })
+        })
     }
 
     /// This commit's calls that the next commit, which leaves the thread in

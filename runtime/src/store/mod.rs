@@ -2,10 +2,9 @@
 //! toolsets. The engine owns this trait; `sled` is its embedded adapter (the
 //! NATS JetStream adapter is the cluster's).
 //!
-//! **Invariant:** only the sled adapter (and a cluster node's outbox,
-//! `cluster::outbox`) opens sled.
+//! **Invariant:** only the sled adapter opens sled.
 
-mod codec;
+pub(crate) mod codec;
 pub(crate) mod commit;
 pub mod deferred;
 pub mod jetstream;
@@ -37,10 +36,6 @@ pub enum Error {
     /// Another writer appended to the thread first; reload and decide again.
     #[error("thread {0:?} changed concurrently")]
     Conflict(String),
-    /// The request this write belongs to already stored it (it is being
-    /// applied a second time, after a worker died before acking it).
-    #[error("thread {0:?} already holds this request's commit")]
-    AlreadyApplied(String),
     /// The commit is larger than the store accepts (NATS's `max_payload`),
     /// however often it is tried.
     #[error("{0}")]
@@ -145,11 +140,10 @@ pub trait Store: Send + Sync + 'static {
     /// The thread's metadata and the named calls (those that exist), for
     /// a command about to write: the engine calls it under its lock on the
     /// thread, and the sled store caches what it loads on that ground.
-    /// (Two loads run outside the lock, both only with the JetStream
-    /// store: the re-read after `AlreadyApplied` and `close_thread`'s
-    /// one-call-at-a-time fallback. That store keeps a load only for the
-    /// write that follows, which checks it against `last_seq` and the
-    /// compare-and-set.)
+    /// (One load runs outside the lock, only with the JetStream store:
+    /// `close_thread`'s one-call-at-a-time fallback. That store keeps a
+    /// load only for the write that follows, which checks it against
+    /// `last_seq` and the compare-and-set.)
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
 
     /// Appends events and writes the state they fold into, atomically. Not
