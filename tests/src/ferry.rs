@@ -161,8 +161,6 @@ impl Ferry {
         cmd.arg(self.options.command)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
-            .arg("--data")
-            .arg(self.data.path())
             .arg("--secret")
             .arg(TEST_SECRET)
             .args(&self.options.args)
@@ -179,6 +177,10 @@ impl Ferry {
                 .open(path)
                 .expect("opening the log file");
             cmd.env("RUST_LOG", "info").stderr(log);
+        }
+        if self.options.command == "serve" {
+            // A runtime node keeps nothing locally.
+            cmd.arg("--data").arg(self.data.path());
         }
         if self.options.demo {
             cmd.arg("--demo");

@@ -253,6 +253,11 @@ impl Puller {
                     stream = self.stream,
                     "the consumer is gone; binding it again"
                 );
+                // nats-server removes a deleted consumer's files after it
+                // answered the delete: a consumer of the same name made at
+                // once can lose its own files to that removal, and then
+                // refuses every write for good (code 10012).
+                tokio::time::sleep(REBIND_PAUSE).await;
                 self.consumer = bound(&self.js, self.stream, self.change).await;
             }
             // NATS between leaders, say: the next pull tells again.
@@ -260,6 +265,9 @@ impl Puller {
         }
     }
 }
+
+/// How long a worker waits before it makes a deleted consumer again.
+const REBIND_PAUSE: Duration = Duration::from_secs(1);
 
 /// The shared consumer of `stream`, with its priority group changed as
 /// `change` says, waiting out a NATS outage.

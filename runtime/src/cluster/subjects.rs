@@ -59,7 +59,6 @@ pub fn call(group_id: &str, id: &str) -> String {
     format!("{CALL}.{}.{}", token(group_id), token(id))
 }
 
-
 /// The `group_id` a thread subject (`ferry.<kind>.<g>[.…]`) is about.
 pub fn group_of(subject: &str) -> Option<String> {
     untoken(subject.split('.').nth(2)?)

@@ -122,6 +122,16 @@ fn backend(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(e.to_string())
 }
 
+/// Refuses at once while the client is not connected: a request sent now
+/// would wait out its timeout (a write would even be sent after the
+/// reconnect, long after its caller was answered).
+fn connected(js: &jetstream::Context) -> Result<(), Error> {
+    match js.client().connection_state() {
+        async_nats::connection::State::Connected => Ok(()),
+        _ => Err(Error::Unavailable("not connected to NATS".into())),
+    }
+}
+
 impl JetStreamStore {
     /// Creates (or binds to) the stream and bucket. With `follow`, it also
     /// follows every process's commits so that local watchers (long-polls,
@@ -173,6 +183,7 @@ impl JetStreamStore {
             stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
         }
         let last = LastReads {
+            js: js.clone(),
             stream: stream.clone(),
             from_leader: stream.cached_info().config.num_replicas > 1,
         };
@@ -414,9 +425,7 @@ impl JetStreamStore {
     }
 
     async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
-        if self.js.client().connection_state() != async_nats::connection::State::Connected {
-            return Err(Error::Unavailable("not connected to NATS".into()));
-        }
+        connected(&self.js)?;
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, body)
@@ -458,6 +467,7 @@ impl JetStreamStore {
 /// Reads of the last message on a subject.
 #[derive(Clone)]
 struct LastReads {
+    js: jetstream::Context,
     stream: stream::Stream,
     /// With replicas, reads go to the stream's leader: a direct get may be
     /// answered by a follower that has not yet applied an acknowledged
@@ -471,6 +481,7 @@ struct LastReads {
 impl LastReads {
     /// As up to date as the stream's leader.
     async fn on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+        connected(&self.js)?;
         if self.from_leader {
             return match self.stream.get_last_raw_message_by_subject(&subject).await {
                 Ok(message) => Ok(Some(message)),
@@ -483,6 +494,7 @@ impl LastReads {
 
     /// From any replica.
     async fn direct(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+        connected(&self.js)?;
         match self.stream.direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(e) if is_not_found(&e) => Ok(None),
@@ -668,6 +680,7 @@ impl Store for JetStreamStore {
     }
 
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
+        connected(&self.js)?;
         let subject = subjects::log(group_id);
         let mut from = self.start_after(group_id, after);
         let mut out = vec![];
@@ -717,7 +730,10 @@ impl Store for JetStreamStore {
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
         let mut out = vec![];
         let mut seen = HashSet::new();
-        for subject in self.subjects_under(format!("{}.*.*", subjects::LOG)).await? {
+        for subject in self
+            .subjects_under(format!("{}.*.*", subjects::LOG))
+            .await?
+        {
             let Some(group_id) = subjects::group_of(&subject) else {
                 continue;
             };
