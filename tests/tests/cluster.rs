@@ -1444,7 +1444,20 @@ async fn two_nodes_taking_one_threads_requests_at_once_make_one_order() {
         assert_eq!(status, 200, "{body}");
     };
     tokio::join!(join_all(ticks), join_all(submissions), cancel);
-    let on_a = a.events("g", 0).await;
+    // Workers record each call's dispatch a little later: read once the
+    // log is whole.
+    let on_a = eventually("every call dispatched", Duration::from_secs(60), || async {
+        let events = a.events("g", 0).await;
+        let dispatched = |id: String| {
+            events
+                .iter()
+                .any(|e| e["id"] == id && e["type"] == "call_dispatched")
+        };
+        (0..20)
+            .all(|n| dispatched(format!("c{n}")))
+            .then_some(events)
+    })
+    .await;
     let on_b = b.events("g", 0).await;
     assert_eq!(on_a, on_b, "both nodes read one order");
     let seqs: Vec<u64> = on_a.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
