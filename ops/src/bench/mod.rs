@@ -159,6 +159,11 @@ pub struct Stats {
     /// calls/s it does not drift with the machine's speed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nats_msgs_per_call: Option<f64>,
+    /// For a cluster: the messages JetStream's streams stored (commits,
+    /// call copies) in the measured windows, per counted call. Also a
+    /// count of work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored_msgs_per_call: Option<f64>,
     /// TCP segments the machine retransmitted in the measured windows
     /// (`RetransSegs` of `/proc/net/snmp`). On loopback most are tail-loss
     /// probes: a sender's ACK came late (a busy receiver), it sent its last
@@ -239,8 +244,8 @@ impl Report {
 
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call | TCP retransmits (timeouts) baseline / ferry |\n\
-             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
+            "| mode | callers | baseline calls/s | ferry calls/s | ferry calls/s per round | ratio | ratio per round | baseline p50/p99 ms | ferry p50/p99 ms | CPU µs/call baseline / ferry | CPU ratio | NATS msgs/call | stored msgs/call | TCP retransmits (timeouts) baseline / ferry |\n\
+             |---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             let rounds: Vec<String> = r.round_ratios.iter().map(|x| format!("{x:.2}")).collect();
@@ -250,7 +255,7 @@ impl Report {
                 .map(|x| format!("{x:.0}"))
                 .collect();
             out += &format!(
-                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.mode,
                 r.callers,
                 r.baseline.calls_per_sec,
@@ -265,6 +270,9 @@ impl Report {
                 r.ferry
                     .nats_msgs_per_call
                     .map_or("-".into(), |x| format!("{x:.1}")),
+                r.ferry
+                    .stored_msgs_per_call
+                    .map_or("-".into(), |x| format!("{x:.2}")),
                 retransmits(&r.baseline, &r.ferry),
             );
         }
@@ -596,6 +604,8 @@ struct Counters {
     cpu: Duration,
     /// Messages sent to NATS, for a cluster.
     nats_msgs: Option<u64>,
+    /// Messages stored in JetStream's streams, for a cluster.
+    stored_msgs: Option<u64>,
     /// TCP segments the machine retransmitted.
     tcp_retransmits: Option<u64>,
     /// Its TCP retransmission timeouts.
@@ -609,6 +619,7 @@ impl Counters {
         Counters {
             cpu: processes.iter().map(|p| process_cpu(p)).sum(),
             nats_msgs: nats_in_msgs(varz).await,
+            stored_msgs: jetstream_messages(varz).await,
             tcp_retransmits: tcp_retransmitted(),
             tcp_timeouts: tcp_timeouts(),
         }
@@ -622,6 +633,7 @@ impl Counters {
         Counters {
             cpu: self.cpu.saturating_sub(before.cpu),
             nats_msgs: between(before.nats_msgs, self.nats_msgs),
+            stored_msgs: between(before.stored_msgs, self.stored_msgs),
             tcp_retransmits: between(before.tcp_retransmits, self.tcp_retransmits),
             tcp_timeouts: between(before.tcp_timeouts, self.tcp_timeouts),
         }
@@ -635,6 +647,7 @@ impl Counters {
         };
         self.cpu += other.cpu;
         self.nats_msgs = sum(self.nats_msgs, other.nats_msgs);
+        self.stored_msgs = sum(self.stored_msgs, other.stored_msgs);
         self.tcp_retransmits = sum(self.tcp_retransmits, other.tcp_retransmits);
         self.tcp_timeouts = sum(self.tcp_timeouts, other.tcp_timeouts);
     }
@@ -713,6 +726,16 @@ async fn nats_in_msgs(varz: Option<&str>) -> Option<u64> {
     varz.get("in_msgs")?.as_u64()
 }
 
+/// `messages` of a `nats-server`'s `/jsz` (beside the `/varz` given):
+/// every message its JetStream streams hold. Ferry's streams keep every
+/// message (limits retention, no age), so its growth over a window is
+/// what the window stored.
+async fn jetstream_messages(varz: Option<&str>) -> Option<u64> {
+    let jsz = varz?.strip_suffix("/varz")?.to_owned() + "/jsz";
+    let jsz: Value = reqwest::get(jsz).await.ok()?.json().await.ok()?;
+    jsz.get("messages")?.as_u64()
+}
+
 /// TCP segments this machine (its network namespace) retransmitted so
 /// far; `None` where that cannot be read.
 fn tcp_retransmitted() -> Option<u64> {
@@ -772,6 +795,11 @@ fn summarize(mut tally: Tally, duration: Duration) -> Stats {
         nats_msgs_per_call: tally
             .window
             .nats_msgs
+            .filter(|_| !tally.latencies.is_empty())
+            .map(|m| m as f64 / tally.latencies.len() as f64),
+        stored_msgs_per_call: tally
+            .window
+            .stored_msgs
             .filter(|_| !tally.latencies.is_empty())
             .map(|m| m as f64 / tally.latencies.len() as f64),
         tcp_retransmits: tally.window.tcp_retransmits,
@@ -1175,6 +1203,7 @@ mod tests {
             p99_ms: Some(2.0),
             cpu_us_per_call: None,
             nats_msgs_per_call: None,
+            stored_msgs_per_call: None,
             tcp_retransmits: retransmits,
             tcp_timeouts: timeouts,
             first_error: None,
