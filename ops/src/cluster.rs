@@ -55,6 +55,9 @@ pub struct RuntimeOptions {
 pub struct WorkerOptions {
     pub cluster: ClusterOptions,
     pub dispatch: DispatchConfig,
+    /// How long a call a tool was given may go unchanged before the
+    /// worker's sweep asks the tool about it (`/tool_call_status`).
+    pub reconcile_after: Duration,
     /// The priority it pulls work at, 0 first, up to
     /// [`streams::MAX_PRIORITY`]; given, it also gives the consumers their
     /// priority group. Without, it pulls at 0 when they have one.
@@ -339,14 +342,23 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
     ferry_runtime::metrics::describe();
     engine.start_timers();
     let sweeper = engine.clone();
+    let reconcile_after = options.reconcile_after;
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(60));
+        let mut every = tokio::time::interval(SWEEP);
+        // At start, every call a tool was given is asked about: this worker
+        // may replace one that died, and with every worker down a tool may
+        // have lost calls no one asked about.
+        let mut ask_after = Duration::ZERO;
         loop {
             every.tick().await;
-            match sweeper.rearm().await {
-                Ok(n) => info!(rearmed = n, "recovery sweep"),
+            match sweeper.rearm(ask_after).await {
+                Ok((n, asking)) => {
+                    info!(rearmed = n, "recovery sweep");
+                    tokio::spawn(asking);
+                }
                 Err(e) => warn!(error = %e, "recovery sweep failed"),
             }
+            ask_after = reconcile_after;
         }
     });
     let worker = Worker::new(
@@ -370,6 +382,10 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         work,
     })
 }
+
+/// How often a worker sweeps the open calls (approval timeouts, choices
+/// owed, calls to ask their tools about).
+const SWEEP: Duration = Duration::from_secs(60);
 
 /// How long a stopped worker waits for NATS to take its last acks and
 /// naks, once it gave up.

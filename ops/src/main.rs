@@ -306,6 +306,13 @@ struct WorkerArgs {
     cluster: ClusterArgs,
     #[command(flatten)]
     dispatch: DispatchArgs,
+    /// Seconds a call a tool was given (dispatched, waiting on a person,
+    /// subscribed) may go unchanged before the worker asks the tool about
+    /// it (`/tool_call_status`); a tool that no longer runs it gets it
+    /// settled with RAP's error. Every call a tool was given is asked about
+    /// when a worker starts, whatever its age. The sweep runs every minute.
+    #[arg(long, default_value_t = 600, env = "FERRY_RECONCILE_AFTER_SECS")]
+    reconcile_after_secs: u64,
     /// Take work before workers with a higher number: a worker gets work
     /// only while every worker with a lower number is full (no room for
     /// more at once, give or take the sixteenth of its room it asks for
@@ -381,6 +388,7 @@ async fn main() -> anyhow::Result<()> {
             ferry_ops::cluster::run_worker(
                 WorkerOptions {
                     dispatch: args.dispatch.config()?,
+                    reconcile_after: Duration::from_secs(args.reconcile_after_secs),
                     cluster: args.cluster.options(),
                     priority: args.priority,
                     drop_priority_group: args.drop_priority_group,

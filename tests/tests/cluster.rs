@@ -948,6 +948,44 @@ async fn a_node_started_while_nats_is_down_answers_503_until_it_is_back() {
     assert_eq!(a.count("g", "j", "call_accepted").await, 1);
 }
 
+/// rap-3's `/tool_call_status` in a cluster: a worker that starts asks
+/// the tool servers about every call they were given, so a call a tool
+/// forgot while no worker ran (a tool restarted meanwhile, say) is settled
+/// with RAP's error instead of waiting for good; a tool that cannot say
+/// (a 5xx) keeps its call.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_its_tool_forgot_while_every_worker_was_down_is_settled() {
+    use ferry_tests::tool::Liveness;
+    let mut c = Cluster::start(1).await;
+    let unsure = TestTool::start("u", &["op_u"]).await;
+    let a = c.a.api();
+    registered_on_both(&a, &c.b.api(), &unsure.url, "u").await;
+    c.dispatched(&a, "g", "forgotten").await;
+    let (status, body) = a
+        .submit(json!({"operation": "op_u", "arguments": {}, "group_id": "g", "id": "kept"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    unsure.next_invocation().await;
+    a.wait_for("g", "kept", "call_dispatched").await;
+    c.workers[0].kill9();
+    c.tool.set_liveness(Liveness::Alive(false));
+    unsure.set_liveness(Liveness::Status(503));
+    c.workers[0].restart().await;
+    let failed = a.wait_for("g", "forgotten", "tool_result").await;
+    assert_eq!(failed["payload"]["is_error"], true, "{failed}");
+    assert_eq!(failed["payload"]["origin"], "ferry", "{failed}");
+    let (_, call) = c.b.api().call("g", "forgotten").await;
+    assert_eq!(call["status"], "failed", "{call}");
+    // Asked too, and kept: a 5xx says nothing about the call.
+    let (notice, asked) = unsure.next_notice().await;
+    assert_eq!(
+        (notice.as_str(), &asked["tool_call_id"]),
+        ("tool_call_status", &json!("kept"))
+    );
+    let (_, call) = a.call("g", "kept").await;
+    assert_eq!(call["status"], "dispatched", "{call}");
+}
+
 /// A toolset deleted through one node leaves every node's registry: B
 /// stops listing its tools and refuses calls to them.
 #[tokio::test(flavor = "multi_thread")]

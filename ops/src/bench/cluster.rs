@@ -165,6 +165,7 @@ pub async fn deploy(
         let options = WorkerOptions {
             cluster: cluster(Some(bases[0].clone())),
             dispatch: ferry_worker::DispatchConfig::default(),
+            reconcile_after: Duration::from_secs(600),
             // They share two cores: each takes work only when the ones
             // before it are full, as `--priority` advises.
             priority: (workers > 1).then(|| {

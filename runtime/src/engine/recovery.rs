@@ -79,38 +79,39 @@ impl Engine {
             waiting = waiting.len(),
             "recovery: queued calls re-enqueued"
         );
-        let engine = self.clone();
+        let asked = self.ask_about(waiting);
         Ok(async move {
-            let checked = waiting.len();
-            let pruned = futures::stream::iter(waiting)
-                .map(|(group_id, id, server)| {
-                    let engine = engine.clone();
-                    async move { engine.check_liveness(&group_id, &id, &server).await }
-                })
-                .buffer_unordered(STATUS_CONCURRENCY)
-                .filter(|pruned| std::future::ready(*pruned))
-                .count()
-                .await;
-            info!(
-                checked,
-                pruned, "recovery: tool servers asked about waiting calls"
-            );
             Recovered {
                 requeued,
-                checked,
-                pruned,
+                ..asked.await
             }
         })
     }
 
     /// The cluster's recovery sweep, run by every worker at start and then
     /// periodically: re-arms approval timeouts and re-sends undelivered
-    /// choices of every open call. Dispatch work needs no sweep there (it
-    /// waits in JetStream until a worker acks it). Arming a timer twice, or
-    /// on two workers, is harmless: the state machine takes one decision.
-    pub async fn rearm(self: &Arc<Self>) -> Result<usize, Error> {
+    /// choices of every open call, and asks tool servers about the calls
+    /// they were given (`/tool_call_status`, the rules of [`Engine::recover`])
+    /// that have not changed for `ask_after` (zero: every one, as a worker
+    /// does at start). Dispatch work needs no sweep there (it waits in the
+    /// thread log until a worker acks it). Arming a timer twice, or on two
+    /// workers, is harmless: the state machine takes one decision. Returns
+    /// what it re-armed, and what is left of it: the status questions,
+    /// which finish in the background.
+    pub async fn rearm(
+        self: &Arc<Self>,
+        ask_after: std::time::Duration,
+    ) -> Result<
+        (
+            usize,
+            impl std::future::Future<Output = Recovered> + Send + 'static,
+        ),
+        Error,
+    > {
         let mut rearmed = 0;
         let mut pending = std::collections::HashSet::new();
+        let mut waiting = vec![];
+        let asked_before = std::time::SystemTime::now().checked_sub(ask_after);
         // Timers armed from here on (calls this worker accepts while the
         // sweep walks every thread) are not the sweep's to end: its listing
         // may not have seen their calls.
@@ -123,16 +124,59 @@ impl Engine {
                 self.deliver(&group_id, &id, answer);
                 rearmed += 1;
             }
-            if call.status == CallStatus::PendingApproval {
-                self.arm(&group_id, &call);
-                pending.insert((group_id, id));
-                rearmed += 1;
+            match call.status {
+                CallStatus::PendingApproval => {
+                    self.arm(&group_id, &call);
+                    pending.insert((group_id, id));
+                    rearmed += 1;
+                }
+                CallStatus::Queued if call.awaits_dispatch() => {}
+                status if status.is_open() => {
+                    let quiet = humantime::parse_rfc3339(&call.updated_at)
+                        .is_ok_and(|at| asked_before.is_some_and(|before| at <= before));
+                    if let (true, Some(target)) = (quiet, call.target) {
+                        waiting.push((group_id, id, target.base_url));
+                    }
+                }
+                _ => {}
             }
         }
         // Calls decided elsewhere (another worker, a cancel) wait for no
         // timeout here any more.
         self.disarm_all_but(&pending, &armed_before);
-        Ok(rearmed)
+        Ok((rearmed, self.ask_about(waiting)))
+    }
+
+    /// Asks tool servers about `waiting` calls, a few at once, recording
+    /// the losses.
+    fn ask_about(
+        self: &Arc<Self>,
+        waiting: Vec<(String, String, String)>,
+    ) -> impl std::future::Future<Output = Recovered> + Send + 'static {
+        let engine = self.clone();
+        async move {
+            let checked = waiting.len();
+            let pruned = futures::stream::iter(waiting)
+                .map(|(group_id, id, server)| {
+                    let engine = engine.clone();
+                    async move { engine.check_liveness(&group_id, &id, &server).await }
+                })
+                .buffer_unordered(STATUS_CONCURRENCY)
+                .filter(|pruned| std::future::ready(*pruned))
+                .count()
+                .await;
+            if checked > 0 {
+                info!(
+                    checked,
+                    pruned, "recovery: tool servers asked about waiting calls"
+                );
+            }
+            Recovered {
+                requeued: 0,
+                checked,
+                pruned,
+            }
+        }
     }
 
     /// Asks `server` about one call and prunes it if the server lost it.
