@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ferry_runtime::bus::InTheLog;
 use ferry_runtime::cluster::stop::{Phase, Stop};
-use ferry_runtime::cluster::{pull, streams, worker};
+use ferry_runtime::cluster::{identity, pull, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
@@ -100,13 +100,57 @@ async fn connect(
             options = options.retry_on_initial_connect();
         }
         match options.connect(servers.clone()).await {
-            Ok(client) => return Ok((client, events)),
+            Ok(client) => {
+                warn_while_unreachable(client.clone(), urls.to_owned());
+                return Ok((client, events));
+            }
             Err(e) => {
                 warn!(urls, error = %e, "NATS not reachable yet; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+/// How often a process away from NATS says so.
+const UNREACHABLE_WARNING: Duration = Duration::from_secs(5);
+
+/// Says every few seconds, while `client` is not connected, which NATS
+/// URLs cannot be reached and why (the client's own log says neither):
+/// what a newcomer with a wrong `--nats` must see.
+fn warn_while_unreachable(client: async_nats::Client, urls: String) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UNREACHABLE_WARNING);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            if client.connection_state() == async_nats::connection::State::Connected {
+                continue;
+            }
+            let mut causes = vec![];
+            for url in urls.split(',').map(str::trim) {
+                causes.push(format!("{url}: {}", why_unreachable(url).await));
+            }
+            warn!(
+                nats = urls,
+                cause = causes.join("; "),
+                "NATS unreachable: nothing can be stored, and requests that need the store are answered 503"
+            );
+        }
+    });
+}
+
+/// What a plain TCP connection to a NATS URL's address meets.
+async fn why_unreachable(url: &str) -> String {
+    let Ok(addr) = url.parse::<async_nats::ServerAddr>() else {
+        return "not a NATS URL".into();
+    };
+    let target = format!("{}:{}", addr.host(), addr.port());
+    match tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(&target)).await {
+        Err(_) => format!("no answer from {target} within 1 s"),
+        Ok(Err(e)) => format!("{target}: {e}"),
+        Ok(Ok(_)) => format!("{target} takes connections, but the NATS handshake fails (TLS, auth, or not a NATS server?)"),
     }
 }
 
@@ -131,13 +175,20 @@ async fn jetstream_store(
     loop {
         attempt += 1;
         let ready = async {
+            let js = async_nats::jetstream::new(client.clone());
+            let fingerprint = Capabilities::new(options.secret.as_bytes()).fingerprint();
+            match identity::join(&js, options.replicas, &fingerprint, 1).await {
+                Err(e) if !e.is_transient() => return Ok(Err(e)),
+                joined => joined?,
+            }
             let follow = role == Role::Runtime;
             let store =
                 JetStreamStore::connect(client.clone(), events.clone(), options.replicas, follow);
-            anyhow::Ok(store.await?)
+            anyhow::Ok(Ok(store.await?))
         };
         match ready.await {
-            Ok(store) => return Ok(store),
+            Ok(Ok(store)) => return Ok(store),
+            Ok(Err(refused)) => return Err(refused.into()),
             Err(e) if attempts.is_none_or(|n| attempt < n) => {
                 // Half a minute of refusals from a NATS that answers is not
                 // an outage: say so louder (a node answers 503 meanwhile).
@@ -221,6 +272,12 @@ async fn attach(
     let jetstream = loop {
         match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
             Ok(jetstream) => break jetstream,
+            Err(e) if e.downcast_ref::<identity::Error>().is_some() => {
+                // Serving would only ever answer 503: stop, and say why.
+                tracing::error!(error = %e, "this node cannot join the cluster; stopping");
+                eprintln!("ferry: {e}");
+                std::process::exit(1);
+            }
             Err(e) => warn!(error = %e, "binding JetStream failed; retrying"),
         }
     };

@@ -34,6 +34,16 @@ impl Capabilities {
         mac
     }
 
+    /// What processes of one cluster compare to learn they share a secret,
+    /// without showing it: an HMAC of a fixed text under the secret, hex.
+    pub fn fingerprint(&self) -> String {
+        let tag = self
+            .mac(b"ferry cluster secret fingerprint")
+            .finalize()
+            .into_bytes();
+        tag.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The token for call `id` of thread `group_id`.
     pub fn mint(&self, group_id: &str, id: &str) -> String {
         let mut payload = (group_id.len() as u32).to_be_bytes().to_vec();
@@ -89,5 +99,23 @@ mod tests {
         assert_eq!(caps.open(&format!("{payload}.")), Err(Forged));
         assert_eq!(caps.open("garbage"), Err(Forged));
         assert_eq!(caps.open(&format!("{payload}.{}", &tag[..4])), Err(Forged));
+    }
+
+    #[test]
+    fn a_fingerprint_tells_secrets_apart_and_shows_none() {
+        let a = Capabilities::new(b"0123456789abcdef");
+        assert_eq!(
+            a.fingerprint(),
+            Capabilities::new(b"0123456789abcdef").fingerprint()
+        );
+        assert_ne!(
+            a.fingerprint(),
+            Capabilities::new(b"0123456789abcdeF").fingerprint()
+        );
+        assert_eq!(a.fingerprint().len(), 64);
+        assert!(
+            !a.fingerprint().contains("30313233"),
+            "the secret's bytes do not show"
+        );
     }
 }

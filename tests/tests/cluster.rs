@@ -986,6 +986,77 @@ async fn a_call_its_tool_forgot_while_every_worker_was_down_is_settled() {
     assert_eq!(call["status"], "dispatched", "{call}");
 }
 
+/// A process whose `--secret` is not the cluster's refuses to start,
+/// saying so: a worker's calls would otherwise get callback URLs every
+/// node refuses, and wait for good. The secret itself is never shown, nor
+/// kept in JetStream (only its fingerprint is).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_with_another_secret_refuses_to_join_the_cluster() {
+    let c = Cluster::start(1).await;
+    let other = "another-secret-0123456789";
+    let url = c.nats.url();
+    for role in [
+        &["worker", "--public-url", c.a.url.as_str()][..],
+        &["runtime", "--listen", "127.0.0.1:0"][..],
+    ] {
+        let args: Vec<String> = [role, &["--nats", url.as_str(), "--secret", other][..]]
+            .concat()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let run = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ferry_tests::ferry::refused(&args)
+        });
+        let (status, stderr) = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("it stops by itself")
+            .unwrap();
+        assert!(!status.success(), "{role:?}: {stderr}");
+        assert!(
+            stderr.contains("--secret is not the cluster's"),
+            "{role:?}: {stderr}"
+        );
+        assert!(!stderr.contains(other), "the secret is not shown: {stderr}");
+    }
+    // The cluster goes on.
+    c.dispatched(&c.b.api(), "g", "c").await;
+}
+
+/// A node given a NATS URL nobody answers says so every few seconds,
+/// naming the URL and the cause, and its `/healthz` says it is degraded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_cannot_reach_nats_says_where_and_why() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("nats://{}", free.local_addr().unwrap());
+    drop(free);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let node = Ferry::start(FerryOptions {
+        log: Some(log.path().to_owned()),
+        ..FerryOptions::runtime(&nowhere)
+    })
+    .await;
+    let (status, body) = node.api().get("/healthz").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (503, Some("degraded")),
+        "{body}"
+    );
+    assert!(
+        body["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{body}"
+    );
+    let said = eventually("the warning", Duration::from_secs(30), || async {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        text.lines()
+            .find(|l| l.contains("NATS unreachable"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(said.contains(&nowhere), "{said}");
+    assert!(said.to_lowercase().contains("refused"), "{said}");
+}
+
 /// A toolset deleted through one node leaves every node's registry: B
 /// stops listing its tools and refuses calls to them.
 #[tokio::test(flavor = "multi_thread")]

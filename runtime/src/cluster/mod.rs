@@ -1,8 +1,10 @@
 //! Cluster mode: the pieces that join `ferry runtime` nodes and `ferry
 //! worker`s through NATS JetStream. The storage adapter lives with its port
-//! (`store::jetstream`); here are the subject layout, the consumer workers
-//! share, their pulls, how they carry out the work, and how they stop.
+//! (`store::jetstream`); here are the subject layout, what every process
+//! must agree on, the consumer workers share, their pulls, how they carry
+//! out the work, and how they stop.
 
+pub mod identity;
 pub mod pull;
 pub mod stop;
 pub mod streams;

@@ -745,7 +745,12 @@ pub(crate) mod tests {
         assert_eq!(armed(), 1, "a call armed again after a decision");
         // The recovery sweep ends the timers of calls no longer pending (here
         // one the store never held: decided elsewhere, say).
-        engine.rearm(std::time::Duration::MAX).await.unwrap();
+        let (_, asking) = engine.rearm(std::time::Duration::MAX).await.unwrap();
+        assert_eq!(
+            asking.await.checked,
+            0,
+            "no call is old enough to ask about"
+        );
         assert_eq!(armed(), 0);
     }
 }

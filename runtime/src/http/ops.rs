@@ -4,12 +4,23 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{ApiError, AppState};
 
-pub async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `200 {"status": "ok"}`, or `503 {"status": "degraded", "reason"}`
+/// while the store cannot take writes (a cluster node away from NATS), so
+/// a load balancer sends requests to the nodes that can decide them.
+pub async fn healthz(State(app): State<AppState>) -> Response {
+    match app.engine.writable() {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, super::error::RETRY_AFTER_SECS)],
+            Json(json!({"status": "degraded", "reason": e.to_string()})),
+        )
+            .into_response(),
+    }
 }
 
 pub async fn metrics(State(app): State<AppState>) -> Response {

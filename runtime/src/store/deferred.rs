@@ -57,6 +57,10 @@ impl Store for Deferred {
         self.get()?.load(group_id, call_ids).await
     }
 
+    fn writable(&self) -> Result<(), Error> {
+        self.get()?.writable()
+    }
+
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
         self.get()?.write(write).await
     }

@@ -671,6 +671,10 @@ impl Store for JetStreamStore {
         Ok(())
     }
 
+    fn writable(&self) -> Result<(), Error> {
+        connected(&self.js)
+    }
+
     fn publish(&self, group_id: &str, seq: u64) {
         advance(&self.tips, group_id, seq);
     }

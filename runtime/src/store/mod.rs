@@ -176,6 +176,12 @@ pub trait Store: Send + Sync + 'static {
     /// made concurrently share one fsync (group commit).
     async fn flush(&self) -> Result<(), Error>;
 
+    /// Whether a write could be taken now, as far as the store can tell
+    /// without making one (the cluster's: connected to NATS); why not.
+    fn writable(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Marks events up to `seq` of `group_id` durable: readers may see them.
     fn publish(&self, group_id: &str, seq: u64);
 
