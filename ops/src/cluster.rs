@@ -11,11 +11,12 @@ use std::time::Duration;
 use anyhow::Context;
 use ferry_runtime::bus::InTheLog;
 use ferry_runtime::cluster::stop::{Phase, Stop};
+use ferry_runtime::cluster::subjects::Layout;
 use ferry_runtime::cluster::{identity, pull, streams, worker};
 use ferry_runtime::http::auth::ApiTokens;
 use ferry_runtime::http::MetricsRender;
 use ferry_runtime::store::deferred::Deferred;
-use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore, THREADS_STREAM};
+use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
 use ferry_runtime::store::Store;
 use ferry_runtime::token::Capabilities;
 use ferry_runtime::{Config, Engine};
@@ -35,6 +36,8 @@ pub struct ClusterOptions {
     pub public_url: Option<String>,
     /// Replicas of each stream (3 on a three-node NATS cluster).
     pub replicas: usize,
+    /// Streams the thread logs are spread over; fixed when they are made.
+    pub partitions: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -177,13 +180,19 @@ async fn jetstream_store(
         let ready = async {
             let js = async_nats::jetstream::new(client.clone());
             let fingerprint = Capabilities::new(options.secret.as_bytes()).fingerprint();
-            match identity::join(&js, options.replicas, &fingerprint, 1).await {
+            match identity::join(&js, options.replicas, &fingerprint, options.partitions).await {
                 Err(e) if !e.is_transient() => return Ok(Err(e)),
                 joined => joined?,
             }
             let follow = role == Role::Runtime;
-            let store =
-                JetStreamStore::connect(client.clone(), events.clone(), options.replicas, follow);
+            let layout = Layout::new(options.partitions);
+            let store = JetStreamStore::connect(
+                client.clone(),
+                events.clone(),
+                options.replicas,
+                layout,
+                follow,
+            );
             anyhow::Ok(Ok(store.await?))
         };
         match ready.await {
@@ -369,7 +378,7 @@ struct StartedWorker {
     client: async_nats::Client,
     engine: Arc<Engine>,
     worker: Worker,
-    work: pull::Puller,
+    work: Vec<pull::Puller>,
 }
 
 /// How long a worker waits after a tool's 200 before recording it: a fast
@@ -430,7 +439,11 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         (None, false) => streams::GroupChange::Keep,
     };
     let priority = options.priority.unwrap_or(0);
-    let work = pull::Puller::bind(client.clone(), THREADS_STREAM, change, priority).await;
+    let layout = Layout::new(options.cluster.partitions);
+    let mut work = vec![];
+    for p in 0..layout.partitions() {
+        work.push(pull::Puller::bind(client.clone(), layout, p, change, priority).await);
+    }
     info!(priority, "ferry worker consuming");
     Ok(StartedWorker {
         client,

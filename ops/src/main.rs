@@ -262,6 +262,14 @@ struct ClusterArgs {
     /// Replicas of each JetStream stream (3 on a three-node NATS cluster).
     #[arg(long, default_value_t = 1, env = "FERRY_REPLICAS")]
     replicas: usize,
+    /// Streams the thread logs are spread over, by a stable hash of the
+    /// `group_id`: on a NATS cluster their leaders spread over its servers,
+    /// so no one server's writes cap every thread. Fixed by the first
+    /// process to start; every node and worker must be given the same.
+    /// About one per NATS server (or a few per server) is plenty.
+    #[arg(long, default_value_t = 1, env = "FERRY_PARTITIONS",
+          value_parser = clap::value_parser!(u16).range(1..=ferry_runtime::cluster::subjects::MAX_PARTITIONS as i64))]
+    partitions: u16,
 }
 
 impl ClusterArgs {
@@ -271,6 +279,7 @@ impl ClusterArgs {
             secret: self.secret,
             public_url: self.public_url,
             replicas: self.replicas,
+            partitions: usize::from(self.partitions),
         }
     }
 }

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{Info, PullConsumer};
 use ferry_runtime::cluster::streams;
-use ferry_runtime::store::jetstream::THREADS_STREAM as WORK_STREAM;
+use ferry_runtime::cluster::subjects::Layout;
+
+/// The stream workers take work from, with one partition (the default).
+const WORK_STREAM: &str = "FERRY_THREADS_0";
 use ferry_tests::api::seg;
 use ferry_tests::sse::SseReader;
 use ferry_tests::{eventually, Api, Ferry, FerryOptions, FerryWorker, Nats, TestTool};
@@ -599,7 +602,7 @@ async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
     let servers: Vec<async_nats::ServerAddr> =
         urls.split(',').map(|u| u.parse().unwrap()).collect();
     let js = async_nats::jetstream::new(async_nats::connect(servers).await.unwrap());
-    for name in [ferry_runtime::store::jetstream::THREADS_STREAM] {
+    for name in [WORK_STREAM] {
         let mut stream = js.get_stream(name).await.unwrap();
         let replicas = stream.info().await.unwrap().config.num_replicas;
         assert_eq!(replicas, 3, "{name}");
@@ -738,10 +741,10 @@ async fn a_commit_the_stream_refused_never_wakes_a_reader() {
     headers.insert("Nats-Expected-Last-Subject-Sequence", "1");
     headers.insert(
         "Nats-Expected-Last-Subject-Sequence-Subject",
-        ferry_runtime::cluster::subjects::log("g").as_str(),
+        Layout::new(1).log("g").as_str(),
     );
     headers.insert("Ferry-Last-Seq", (last + 5).to_string().as_str());
-    let subject = ferry_runtime::cluster::subjects::commit("g", false);
+    let subject = Layout::new(1).commit("g", false);
     let refused = async_nats::jetstream::new(nats)
         .publish_with_headers(subject, headers, "lost".into())
         .await
@@ -772,67 +775,6 @@ async fn a_commit_the_stream_refused_never_wakes_a_reader() {
             break;
         }
     }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stream_an_older_ferry_made_gains_the_republish_and_keeps_the_rest() {
-    let nats = Nats::start().await;
-    // FERRY_THREADS as the fifth session's Ferry created it: no republish.
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    let older = async_nats::jetstream::stream::Config {
-        name: "FERRY_THREADS".into(),
-        subjects: vec!["ferry.log.>".into(), "ferry.call.>".into()],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        allow_direct: true,
-        max_messages_per_subject: -1,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    };
-    js.create_stream(older.clone()).await.unwrap();
-    let tool = Arc::new(TestTool::start("t", &["op"]).await);
-    let a = Ferry::start(FerryOptions {
-        tool_servers: vec![tool.url.clone()],
-        ..FerryOptions::runtime(&nats.url())
-    })
-    .await;
-    let config = js
-        .get_stream("FERRY_THREADS")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
-    let republish = config.republish.clone().expect("the republish was added");
-    assert_eq!(
-        (republish.source.as_str(), republish.destination.as_str()),
-        ("ferry.log.>", "ferry.logged.>")
-    );
-    assert!(republish.headers_only);
-    assert_eq!(
-        (
-            config.subjects,
-            config.num_replicas,
-            config.max_messages_per_subject
-        ),
-        (older.subjects, 1, -1)
-    );
-    // And readers on the node wake on it: a long poll answers with the
-    // call's first event as soon as it is stored.
-    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
-    let api = a.api();
-    let poll = {
-        let api = a.api();
-        tokio::spawn(async move { api.get("/v1/threads/g/events?after=0&wait=20").await })
-    };
-    let (status, body) = api
-        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c1"}))
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let (status, body) = poll.await.unwrap();
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["events"][0]["type"], "call_accepted", "{body}");
 }
 
 /// A runtime node takes `--api-token` as `ferry serve` does: its native
@@ -1055,6 +997,57 @@ async fn a_node_that_cannot_reach_nats_says_where_and_why() {
     .await;
     assert!(said.contains(&nowhere), "{said}");
     assert!(said.to_lowercase().contains("refused"), "{said}");
+}
+
+/// `--partitions 4`: threads are spread over four streams by their
+/// `group_id`, calls on all of them run through nodes and workers alike,
+/// and a process given another count refuses to start, naming the
+/// cluster's.
+#[tokio::test(flavor = "multi_thread")]
+async fn threads_spread_over_partitions_and_a_process_with_another_count_refuses() {
+    let nats = Nats::start().await;
+    let tool = Arc::new(TestTool::start("t", &["op"]).await);
+    let a = node_with(&nats, &tool, &["--partitions", "4"]).await;
+    let _worker = FerryWorker::start_with(&nats.url(), &a.url, &["--partitions", "4"]).await;
+    let answering = answer_everything(tool.clone(), vec![a.url.clone()]);
+    let calls = submit_load(&[a.api()], 16, 32).await;
+    every_call_has_one_outcome(&a.api(), &calls).await;
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let layout = Layout::new(4);
+    let mut used = std::collections::BTreeSet::new();
+    for (g, _) in &calls {
+        let p = layout.partition(g);
+        let mut stream = js.get_stream(layout.stream(p)).await.unwrap();
+        let info = stream.info().await.unwrap();
+        assert!(info.state.messages > 0, "{g} in {}", layout.stream(p));
+        used.insert(p);
+    }
+    assert!(used.len() > 1, "16 threads in one partition: {used:?}");
+    let (_, threads) = a.api().get("/v1/threads").await;
+    assert_eq!(
+        threads["threads"].as_array().map(Vec::len),
+        Some(16),
+        "{threads}"
+    );
+    let url = nats.url();
+    let (status, stderr) = tokio::task::spawn_blocking(move || {
+        ferry_tests::ferry::refused(&[
+            "worker",
+            "--nats",
+            &url,
+            "--secret",
+            ferry_tests::TEST_SECRET,
+            "--public-url",
+            "http://127.0.0.1:9",
+            "--partitions",
+            "2",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("--partitions 4"), "{stderr}");
+    answering.abort();
 }
 
 /// A toolset deleted through one node leaves every node's registry: B
@@ -1879,7 +1872,7 @@ async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
         .connect(nats.url())
         .await
         .unwrap();
-    let store = JetStreamStore::connect(observer, events.clone(), 1, true)
+    let store = JetStreamStore::connect(observer, events.clone(), 1, Layout::new(1), true)
         .await
         .unwrap();
     // Another process's commits, as the stream stores them.
@@ -1889,7 +1882,7 @@ async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
         async move {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Ferry-Last-Seq", seq.to_string().as_str());
-            let subject = ferry_runtime::cluster::subjects::commit(&group_id, false);
+            let subject = Layout::new(1).commit(&group_id, false);
             js.publish_with_headers(subject, headers, "commit".into())
                 .await
                 .unwrap()
@@ -1957,7 +1950,7 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
             Duration::from_secs(30),
             || async {
                 let client = async_nats::connect(&url).await.ok()?;
-                JetStreamStore::connect(client, Arc::default(), 3, false)
+                JetStreamStore::connect(client, Arc::default(), 3, Layout::new(1), false)
                     .await
                     .ok()
             },
@@ -2009,7 +2002,7 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
 
     let nats = Nats::start().await;
     let client = async_nats::connect(nats.url()).await.unwrap();
-    let store = JetStreamStore::connect(client.clone(), Arc::default(), 1, true)
+    let store = JetStreamStore::connect(client.clone(), Arc::default(), 1, Layout::new(1), true)
         .await
         .unwrap();
     let js = async_nats::jetstream::new(client);
@@ -2017,7 +2010,7 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
     for group_id in &groups {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Ferry-Last-Seq", "1");
-        let subject = ferry_runtime::cluster::subjects::commit(group_id, false);
+        let subject = Layout::new(1).commit(group_id, false);
         js.publish_with_headers(subject, headers, "commit".into())
             .await
             .unwrap()
@@ -2028,7 +2021,7 @@ async fn a_failed_read_of_a_watched_tip_is_tried_again() {
         let js = js.clone();
         async move {
             let mut config = js
-                .get_stream("FERRY_THREADS")
+                .get_stream(WORK_STREAM)
                 .await
                 .unwrap()
                 .cached_info()

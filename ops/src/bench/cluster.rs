@@ -131,6 +131,7 @@ pub async fn deploy(
     sync_interval: &str,
     runtimes: usize,
     workers: usize,
+    partitions: usize,
     tool: &str,
 ) -> anyhow::Result<Deployment> {
     let nats = Nats::start(binary, sync_interval).await?;
@@ -140,6 +141,7 @@ pub async fn deploy(
         secret: secret.clone(),
         public_url,
         replicas: 1,
+        partitions,
     };
     let (mut bases, mut tasks) = (vec![], vec![]);
     for i in 0..runtimes {

@@ -81,6 +81,11 @@ pub struct BenchArgs {
     /// The cluster shapes for --cluster, as NODESxWORKERS, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1x1,1x3,2x1,2x3", value_parser = shape)]
     pub shapes: Vec<(usize, usize)>,
+    /// The partition counts each cluster shape runs with (`ferry runtime
+    /// --partitions`), comma-separated: `1,4` runs every shape twice.
+    #[arg(long, value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u16).range(1..=ferry_runtime::cluster::subjects::MAX_PARTITIONS as i64))]
+    pub partitions: Vec<u16>,
 }
 
 /// `2x3` → 2 runtime nodes and 3 workers, each at least 1.
@@ -425,12 +430,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         // round can measure them all in turn.
         let binary = cluster::nats_binary(args.nats_server.as_deref())?;
         let (mut deployments, mut targets) = (vec![], vec![]);
-        for &(runtimes, workers) in &args.shapes {
+        let shapes = args
+            .shapes
+            .iter()
+            .flat_map(|&(n, w)| args.partitions.iter().map(move |&k| (n, w, usize::from(k))));
+        for (runtimes, workers, partitions) in shapes {
             let deployment = cluster::deploy(
                 &binary,
                 &args.nats_sync_interval,
                 runtimes,
                 workers,
+                partitions,
                 &format!("http://{tool}"),
             )
             .await?;
@@ -445,7 +455,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             };
             ferry.wait_registered().await?;
             deployments.push(deployment);
-            targets.push((format!("cluster {runtimes}x{workers}"), ferry));
+            let mode = match partitions {
+                1 => format!("cluster {runtimes}x{workers}"),
+                k => format!("cluster {runtimes}x{workers} K={k}"),
+            };
+            targets.push((mode, ferry));
         }
         for &callers in &args.concurrency {
             rows.extend(plan.compare_each(callers, &baseline, &targets).await);
@@ -1152,6 +1166,7 @@ mod tests {
             nats_server: None,
             nats_sync_interval: "always".into(),
             shapes: vec![(1, 1)],
+            partitions: vec![1],
         };
         let error = run(&args(0, vec![1])).await.expect_err("refused");
         assert!(error.to_string().contains("--rounds"), "{error}");

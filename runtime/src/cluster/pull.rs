@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::streams::{self, GroupChange};
+use super::subjects::Layout;
 
 /// How long a pull waits at NATS before it expires (a pull that expired
 /// is made again; while it waits, it holds the worker's place).
@@ -48,7 +49,10 @@ const PENDING_MESSAGES: &str = "Nats-Pending-Messages";
 pub struct Puller {
     client: async_nats::Client,
     js: jetstream::Context,
-    stream: &'static str,
+    layout: Layout,
+    partition: usize,
+    /// The partition's stream, for the log.
+    stream: String,
     consumer: PullConsumer,
     /// What this worker wants of the consumer's priority group, kept for
     /// binding it again (made anew after it was deleted).
@@ -67,21 +71,24 @@ struct Pull {
 }
 
 impl Puller {
-    /// Binds the consumer of `stream` (changing its priority group as
-    /// `change` says), waiting out a NATS outage. The worker pulls at
-    /// `priority` whenever the consumer has a priority group.
+    /// Binds the consumer of partition `partition` (changing its priority
+    /// group as `change` says), waiting out a NATS outage. The worker pulls
+    /// at `priority` whenever the consumer has a priority group.
     pub async fn bind(
         client: async_nats::Client,
-        stream: &'static str,
+        layout: Layout,
+        partition: usize,
         change: GroupChange,
         priority: u8,
     ) -> Self {
         let js = jetstream::new(client.clone());
-        let consumer = bound(&js, stream, change).await;
+        let consumer = bound(&js, layout, partition, change).await;
         Puller {
             client,
             js,
-            stream,
+            layout,
+            partition,
+            stream: layout.stream(partition),
             consumer,
             change,
             priority,
@@ -219,7 +226,7 @@ impl Puller {
         let mut handed_back = 0;
         for mut pull in self.pulls.drain(..) {
             if let Err(e) = pull.inbox.unsubscribe().await {
-                warn!(stream = self.stream, error = %e, "ending a pull failed");
+                warn!(stream = %self.stream, error = %e, "ending a pull failed");
             }
             // Unsubscribed, the inbox yields what it holds and ends.
             while let Some(message) = pull.inbox.next().await {
@@ -250,7 +257,7 @@ impl Puller {
                 ) =>
             {
                 warn!(
-                    stream = self.stream,
+                    stream = %self.stream,
                     "the consumer is gone; binding it again"
                 );
                 // nats-server removes a deleted consumer's files after it
@@ -258,10 +265,10 @@ impl Puller {
                 // once can lose its own files to that removal, and then
                 // refuses every write for good (code 10012).
                 tokio::time::sleep(REBIND_PAUSE).await;
-                self.consumer = bound(&self.js, self.stream, self.change).await;
+                self.consumer = bound(&self.js, self.layout, self.partition, self.change).await;
             }
             // NATS between leaders, say: the next pull tells again.
-            Err(e) => warn!(stream = self.stream, error = %e, "reading the consumer again failed"),
+            Err(e) => warn!(stream = %self.stream, error = %e, "reading the consumer again failed"),
         }
     }
 }
@@ -271,11 +278,17 @@ const REBIND_PAUSE: Duration = Duration::from_secs(1);
 
 /// The shared consumer of `stream`, with its priority group changed as
 /// `change` says, waiting out a NATS outage.
-async fn bound(js: &jetstream::Context, stream: &str, change: GroupChange) -> PullConsumer {
+async fn bound(
+    js: &jetstream::Context,
+    layout: Layout,
+    partition: usize,
+    change: GroupChange,
+) -> PullConsumer {
     loop {
-        match streams::bind(js, stream, change).await {
+        match streams::bind(js, layout, partition, change).await {
             Ok(consumer) => return consumer,
             Err(e) => {
+                let stream = layout.stream(partition);
                 warn!(stream, error = %e, "binding the consumer failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }

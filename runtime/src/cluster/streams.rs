@@ -1,6 +1,7 @@
-//! The one durable consumer all workers share: it takes the commits of
-//! every thread's log that hand calls to dispatch (`ferry.log.*.d` in
-//! `FERRY_THREADS`), so any worker takes any call, and a commit not acked
+//! The durable consumer all workers share on each partition's stream: it
+//! takes the commits of every thread's log that hand calls to dispatch
+//! (`ferry.<p>.log.*.d` in `FERRY_THREADS_<p>`), so any worker takes any
+//! call, and a commit not acked
 //! in time goes to another worker. A consumer made anew (the first worker
 //! ever, or after an operator deleted it) starts from the stream's first
 //! commit: each call it finds no longer waiting is acked without a
@@ -11,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::FromConsumer;
 use async_nats::jetstream::{self, consumer, stream};
 
-use super::subjects;
+use super::subjects::Layout;
 
 /// The durable consumer every worker pulls from.
 pub const CONSUMER: &str = "workers";
@@ -64,10 +65,11 @@ pub fn has_priority_group(consumer: &consumer::PullConsumer) -> bool {
 /// in turn, as they do without priorities.
 pub async fn bind(
     js: &jetstream::Context,
-    stream: &str,
+    layout: Layout,
+    partition: usize,
     change: GroupChange,
 ) -> Result<consumer::PullConsumer, Error> {
-    let bound = consumer(js, stream).await?;
+    let bound = consumer(js, layout, partition).await?;
     let (policy, groups) = match change {
         GroupChange::Keep => return Ok(bound),
         GroupChange::Add if has_priority_group(&bound) => return Ok(bound),
@@ -84,7 +86,10 @@ pub async fn bind(
         priority_groups: groups,
         ..consumer::pull::Config::try_from_consumer_config(current).map_err(nats)?
     };
-    let stream = js.get_stream(stream).await.map_err(nats)?;
+    let stream = js
+        .get_stream(layout.stream(partition))
+        .await
+        .map_err(nats)?;
     match stream.update_consumer(wanted).await {
         Ok(updated) if change == GroupChange::Add && !has_priority_group(&updated) => {
             tracing::warn!("NATS kept the consumer without a priority group (a server older than 2.12?); workers share the work in turn");
@@ -128,19 +133,20 @@ fn refused_for_good(e: &stream::ConsumerUpdateError) -> bool {
     !passing.contains(&e.error_code())
 }
 
-/// The shared durable pull consumer of `stream`.
+/// The shared durable pull consumer of partition `partition`'s stream.
 pub async fn consumer(
     js: &jetstream::Context,
-    stream: &str,
+    layout: Layout,
+    partition: usize,
 ) -> Result<consumer::PullConsumer, Error> {
-    js.get_stream(stream)
+    js.get_stream(layout.stream(partition))
         .await
         .map_err(nats)?
         .get_or_create_consumer(
             CONSUMER,
             consumer::pull::Config {
                 durable_name: Some(CONSUMER.into()),
-                filter_subject: subjects::dispatching(),
+                filter_subject: layout.dispatching(partition),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
                 max_ack_pending: MAX_ACK_PENDING as i64,

@@ -31,27 +31,32 @@ const IN_HAND_PER_ATTEMPT: usize = 4;
 /// call: a worker keeps [`IN_HAND_PER_ATTEMPT`] times `max_in_flight`
 /// (its dispatcher bounds the attempts themselves), and never so many that
 /// the other workers sharing the consumer's `max_ack_pending` get nothing.
-/// It takes the commits `puller` brings, until the worker stops (whose
-/// dispatcher the caller stops with it); `engine` makes each call's
-/// invocation.
+/// It takes the commits `pullers` bring (one per partition, sharing that
+/// room), until the worker stops (whose dispatcher the caller stops with
+/// it); `engine` makes each call's invocation.
 pub async fn dispatch_work(
     engine: Arc<Engine>,
     worker: Worker,
-    puller: Puller,
+    pullers: Vec<Puller>,
     max_in_flight: usize,
     stop: Stop,
 ) {
-    let carry_out_one = {
-        let stop = stop.clone();
-        move |message| {
-            let (engine, worker, stop) = (engine.clone(), worker.clone(), stop.clone());
-            async move { carry_out(&engine, &worker, message, &stop).await }
-        }
-    };
     let in_hand = max_in_flight
         .saturating_mul(IN_HAND_PER_ATTEMPT)
         .min(MAX_ACK_PENDING / 4);
-    consume(puller, "work", in_hand, carry_out_one, &stop).await
+    let share = (in_hand / pullers.len().max(1)).max(1);
+    let loops = pullers.into_iter().map(|puller| {
+        let carry_out_one = {
+            let (engine, worker, stop) = (engine.clone(), worker.clone(), stop.clone());
+            move |message| {
+                let (engine, worker, stop) = (engine.clone(), worker.clone(), stop.clone());
+                async move { carry_out(&engine, &worker, message, &stop).await }
+            }
+        };
+        let stop = stop.clone();
+        async move { consume(puller, "work", share, carry_out_one, &stop).await }
+    });
+    futures::future::join_all(loops).await;
 }
 
 /// A worker asks for more once this share of its whole room (or one

@@ -45,11 +45,10 @@ use tracing::{debug, warn};
 
 use super::log::Commit;
 use super::{codec, Error, Store, Watch, Write};
-use crate::cluster::subjects;
+use crate::cluster::subjects::{self, Layout};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 
-pub const THREADS_STREAM: &str = "FERRY_THREADS";
 pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 
 /// The header carrying a commit's last event sequence number, so watchers
@@ -94,7 +93,7 @@ struct Last {
 
 pub struct JetStreamStore {
     js: jetstream::Context,
-    stream: stream::Stream,
+    layout: Layout,
     toolsets: kv::Store,
     tips: Arc<Tips>,
     /// Watched threads whose tip must be read again from the stream (a
@@ -133,7 +132,8 @@ fn connected(js: &jetstream::Context) -> Result<(), Error> {
 }
 
 impl JetStreamStore {
-    /// Creates (or binds to) the stream and bucket. With `follow`, it also
+    /// Creates (or binds to) the streams of `layout` and the bucket. With
+    /// `follow`, it also
     /// follows every process's commits so that local watchers (long-polls,
     /// streams) wake for them: what a runtime node needs and a worker, which
     /// serves no reader, must not pay for (every commit would reach every
@@ -142,50 +142,39 @@ impl JetStreamStore {
         client: async_nats::Client,
         events: Arc<ClientEvents>,
         replicas: usize,
+        layout: Layout,
         follow: bool,
     ) -> Result<Arc<Self>, Error> {
         let js = jetstream::new(client.clone());
-        let republish = stream::Republish {
-            source: format!("{}.>", subjects::LOG),
-            destination: format!("{}.>", subjects::LOGGED),
-            headers_only: true,
-        };
-        let mut stream = js
-            .get_or_create_stream(stream::Config {
-                name: THREADS_STREAM.into(),
-                subjects: vec![
-                    format!("{}.>", subjects::LOG),
-                    format!("{}.>", subjects::CALL),
-                ],
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                allow_direct: true,
-                // Logs are kept forever; a call's copies need only the last.
-                max_messages_per_subject: -1,
-                duplicate_window: Duration::from_secs(120),
-                republish: Some(republish.clone()),
-                ..Default::default()
-            })
-            .await
-            .map_err(backend)?;
-        // A stream made by an older Ferry lacks the republish readers now
-        // wake on: add it, changing nothing else (its replicas are the
-        // operator's; a worker started without `--replicas` must not
-        // shrink them).
-        let existing = stream.cached_info().config.clone();
-        if existing.republish.as_ref() != Some(&republish) {
-            js.update_stream(stream::Config {
-                republish: Some(republish),
-                ..existing
-            })
-            .await
-            .map_err(backend)?;
-            stream = js.get_stream(THREADS_STREAM).await.map_err(backend)?;
+        let mut streams = vec![];
+        for p in 0..layout.partitions() {
+            let (source, destination) = layout.republished(p);
+            let stream = js
+                .get_or_create_stream(stream::Config {
+                    name: layout.stream(p),
+                    subjects: layout.stream_subjects(p),
+                    storage: stream::StorageType::File,
+                    num_replicas: replicas,
+                    allow_direct: true,
+                    // Logs are kept forever; a call's copies need only the
+                    // last, but keeping them costs only disk.
+                    max_messages_per_subject: -1,
+                    republish: Some(stream::Republish {
+                        source,
+                        destination,
+                        headers_only: true,
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .map_err(backend)?;
+            streams.push(stream);
         }
         let last = LastReads {
             js: js.clone(),
-            stream: stream.clone(),
-            from_leader: stream.cached_info().config.num_replicas > 1,
+            layout,
+            from_leader: streams[0].cached_info().config.num_replicas > 1,
+            streams: Arc::new(streams),
         };
         let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
             Ok(kv) => kv,
@@ -202,7 +191,7 @@ impl JetStreamStore {
         };
         let store = Arc::new(Self {
             js,
-            stream,
+            layout,
             toolsets,
             tips: Arc::default(),
             tips_unread: Arc::default(),
@@ -240,7 +229,7 @@ impl JetStreamStore {
         // The stream's republish of what it stored: a commit that lost its
         // compare-and-set (or was never stored) must not move a reader.
         let mut commits = client
-            .subscribe(format!("{}.>", subjects::LOGGED))
+            .subscribe(self.layout.all_logged())
             .await
             .map_err(backend)?;
         let tips = Arc::downgrade(&self.tips);
@@ -335,7 +324,7 @@ impl JetStreamStore {
     }
 
     async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
-        let Some(message) = self.last.on(subjects::log(group_id)).await? else {
+        let Some(message) = self.last.on(group_id, self.layout.log(group_id)).await? else {
             return Ok(None);
         };
         let commit: Commit = codec::decode(&message.payload)?;
@@ -361,7 +350,11 @@ impl JetStreamStore {
 
     /// The copied record of a call and the stream sequence of the copy.
     async fn copy(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
-        match self.last.on(subjects::call(group_id, id)).await? {
+        match self
+            .last
+            .on(group_id, self.layout.call(group_id, id))
+            .await?
+        {
             Some(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
             None => Ok(None),
         }
@@ -392,7 +385,7 @@ impl JetStreamStore {
         carried: &HashMap<String, CallRecord>,
     ) -> Result<(), Error> {
         for call in commit.moved_on(carried) {
-            let subject = subjects::call(group_id, &call.id);
+            let subject = self.layout.call(group_id, &call.id);
             let body: Bytes = codec::encode(&CallCopy {
                 seq: commit.meta.last_seq,
                 call: call.clone(),
@@ -453,8 +446,10 @@ impl JetStreamStore {
             .map_or(0, |(_, stream_seq)| *stream_seq)
     }
 
-    async fn subjects_under(&self, filter: String) -> Result<Vec<String>, Error> {
-        let stream = self.stream.clone();
+    /// The subjects of partition `p`'s stream that `filter` matches.
+    async fn subjects_under(&self, p: usize, filter: String) -> Result<Vec<String>, Error> {
+        connected(&self.js)?;
+        let stream = self.last.streams[p].clone();
         let mut subjects = stream.info_with_subjects(filter).await.map_err(backend)?;
         let mut out = vec![];
         while let Some(entry) = subjects.next().await {
@@ -464,11 +459,13 @@ impl JetStreamStore {
     }
 }
 
-/// Reads of the last message on a subject.
+/// Reads of the last message on a subject of a thread.
 #[derive(Clone)]
 struct LastReads {
     js: jetstream::Context,
-    stream: stream::Stream,
+    layout: Layout,
+    /// Each partition's stream.
+    streams: Arc<Vec<stream::Stream>>,
     /// With replicas, reads go to the stream's leader: a direct get may be
     /// answered by a follower that has not yet applied an acknowledged
     /// commit, and a refusal decided on it (an unknown call, say) would be
@@ -479,27 +476,47 @@ struct LastReads {
 }
 
 impl LastReads {
+    /// The stream thread `group_id` lives in.
+    fn of(&self, group_id: &str) -> &stream::Stream {
+        &self.streams[self.layout.partition(group_id)]
+    }
+
     /// As up to date as the stream's leader.
-    async fn on(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+    async fn on(&self, group_id: &str, subject: String) -> Result<Option<StreamMessage>, Error> {
         connected(&self.js)?;
         if self.from_leader {
-            return match self.stream.get_last_raw_message_by_subject(&subject).await {
+            let stream = self.of(group_id);
+            return match stream.get_last_raw_message_by_subject(&subject).await {
                 Ok(message) => Ok(Some(message)),
                 Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
                 Err(e) => Err(backend(e)),
             };
         }
-        self.direct(subject).await
+        self.direct(group_id, subject).await
     }
 
     /// From any replica.
-    async fn direct(&self, subject: String) -> Result<Option<StreamMessage>, Error> {
+    async fn direct(
+        &self,
+        group_id: &str,
+        subject: String,
+    ) -> Result<Option<StreamMessage>, Error> {
         connected(&self.js)?;
-        match self.stream.direct_get_last_for_subject(subject).await {
+        match self.of(group_id).direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(backend(e)),
         }
+    }
+
+    /// The thread's last commit, as up to date as the leader.
+    async fn tip(&self, group_id: &str) -> Result<Option<StreamMessage>, Error> {
+        self.on(group_id, self.layout.log(group_id)).await
+    }
+
+    /// The thread's last commit, from any replica.
+    async fn tip_direct(&self, group_id: &str) -> Result<Option<StreamMessage>, Error> {
+        self.direct(group_id, self.layout.log(group_id)).await
     }
 }
 
@@ -549,7 +566,7 @@ async fn read_tips(
             continue;
         }
         drop(watched);
-        if catch_up(last.on(subjects::log(&group_id)), tips, &group_id).await {
+        if catch_up(last.tip(&group_id), tips, &group_id).await {
             failures = 0;
             continue;
         }
@@ -657,10 +674,12 @@ impl Store for JetStreamStore {
         );
         headers.insert(
             "Nats-Expected-Last-Subject-Sequence-Subject",
-            subjects::log(group_id).as_str(),
+            self.layout.log(group_id).as_str(),
         );
         headers.insert(LAST_SEQ_HEADER, commit.meta.last_seq.to_string().as_str());
-        let subject = subjects::commit(group_id, commit.dispatches().next().is_some());
+        let subject = self
+            .layout
+            .commit(group_id, commit.dispatches().next().is_some());
         self.publish(subject, headers, body.into()).await?;
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
         advance(&self.tips, group_id, commit.meta.last_seq);
@@ -685,12 +704,12 @@ impl Store for JetStreamStore {
 
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
         connected(&self.js)?;
-        let subject = subjects::log(group_id);
+        let subject = self.layout.log(group_id);
+        let stream = self.last.of(group_id);
         let mut from = self.start_after(group_id, after);
         let mut out = vec![];
         while out.len() < limit {
-            let message = match self
-                .stream
+            let message = match stream
                 .direct_get_next_for_subject(subject.clone(), Some(from + 1))
                 .await
             {
@@ -720,7 +739,7 @@ impl Store for JetStreamStore {
         let (last, tips) = (self.last.clone(), Arc::downgrade(&self.tips));
         let (thread, unread) = (group_id.to_owned(), self.tips_unread.clone());
         tokio::spawn(async move {
-            if !catch_up(last.direct(subjects::log(&thread)), &tips, &thread).await {
+            if !catch_up(last.tip_direct(&thread), &tips, &thread).await {
                 unread.lock().expect("unread lock").insert(thread);
             }
         });
@@ -734,10 +753,11 @@ impl Store for JetStreamStore {
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
         let mut out = vec![];
         let mut seen = HashSet::new();
-        for subject in self
-            .subjects_under(format!("{}.*.*", subjects::LOG))
-            .await?
-        {
+        let mut all = vec![];
+        for p in 0..self.layout.partitions() {
+            all.extend(self.subjects_under(p, self.layout.logs(p)).await?);
+        }
+        for subject in all {
             let Some(group_id) = subjects::group_of(&subject) else {
                 continue;
             };
@@ -753,8 +773,8 @@ impl Store for JetStreamStore {
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
         let last = self.last(group_id).await?;
         let mut out: HashMap<String, CallRecord> = HashMap::new();
-        let filter = format!("{}.{}.*", subjects::CALL, subjects::token(group_id));
-        for subject in self.subjects_under(filter).await? {
+        let p = self.layout.partition(group_id);
+        for subject in self.subjects_under(p, self.layout.calls(group_id)).await? {
             let Some(id) = subjects::call_id_of(&subject) else {
                 continue;
             };
