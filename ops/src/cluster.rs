@@ -290,6 +290,17 @@ async fn attach(
             Err(e) => warn!(error = %e, "binding JetStream failed; retrying"),
         }
     };
+    // The toolsets before the store: a node that could decide calls with no
+    // toolsets yet would refuse registered tools as unknown.
+    loop {
+        match jetstream.toolsets().await {
+            Ok(toolsets) => break engine.use_toolsets(toolsets),
+            Err(e) => {
+                warn!(error = %e, "loading the toolsets failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
     store.set(jetstream.clone());
     loop {
         match follow_toolsets(&engine, &jetstream).await {

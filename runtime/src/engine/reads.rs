@@ -65,6 +65,19 @@ impl Engine {
         Ok(calls)
     }
 
+    /// [`Engine::events`] without a wait, for a reader following the
+    /// thread whose tip is `tip` ([`crate::store::Store::events_to_tip`]).
+    pub(crate) async fn events_to_tip(
+        &self,
+        group_id: &str,
+        after: u64,
+        limit: usize,
+        tip: u64,
+    ) -> Result<Vec<Event>, Error> {
+        self.check_id("group_id", group_id)?;
+        Ok(self.store.events_to_tip(group_id, after, limit, tip).await?)
+    }
+
     /// Events after `after`, at most `limit`; when there are none yet, waits
     /// up to `wait` for the next one.
     pub async fn events(
@@ -82,7 +95,10 @@ impl Engine {
         // Watch before reading, so an event landing in between wakes us.
         let mut tip = self.store.watch(group_id);
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
-        let read = || self.store.events(group_id, after, limit);
+        let seen = (*tip).clone();
+        let read = || self
+            .store
+            .events_to_tip(group_id, after, limit, *seen.borrow());
         let page = next_page(after, &mut tip, false, limit, read);
         // A stopping process answers what there is: nothing yet.
         let page = tokio::select! {

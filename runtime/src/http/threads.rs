@@ -249,7 +249,8 @@ pub(crate) fn follow(
         let engine = engine.clone();
         let group_id = group_id.clone();
         async move {
-            let read = || engine.events(&group_id, cursor, MAX_LIMIT, Duration::ZERO);
+            let seen = (*tip).clone();
+            let read = || engine.events_to_tip(&group_id, cursor, MAX_LIMIT, *seen.borrow());
             let mut pause = UNAVAILABLE_FIRST;
             let mut taken_again = false;
             loop {

@@ -94,6 +94,16 @@ impl Store for Deferred {
         self.inner.get().is_none_or(|s| s.is_durable(group_id, seq))
     }
 
+    async fn events_to_tip(
+        &self,
+        group_id: &str,
+        after: u64,
+        limit: usize,
+        tip: u64,
+    ) -> Result<Vec<Event>, Error> {
+        self.get()?.events_to_tip(group_id, after, limit, tip).await
+    }
+
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
         self.get()?.events(group_id, after, limit).await
     }

@@ -38,7 +38,7 @@ use async_nats::HeaderMap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use ferry_proto::api::Event;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{debug, warn};
@@ -111,6 +111,10 @@ pub struct JetStreamStore {
     /// Reads of a subject's last message, as commands and watchers need
     /// them.
     last: LastReads,
+    copier: Copier,
+    /// Calls being copied in the background after the commit that settled
+    /// them, by `(group_id, id)`, with that commit's last event sequence.
+    copying: Mutex<HashMap<(String, String), (u64, Copying)>>,
 }
 
 /// Attempts at writing a call's copy against copies racing it, before the
@@ -189,6 +193,11 @@ impl JetStreamStore {
                 .await
                 .map_err(backend)?,
         };
+        let copier = Copier {
+            js: js.clone(),
+            layout,
+            last: last.clone(),
+        };
         let store = Arc::new(Self {
             js,
             layout,
@@ -198,7 +207,9 @@ impl JetStreamStore {
             positions: Mutex::default(),
             loaded: Mutex::default(),
             toolsets_changed: watch::Sender::new(0),
+            copier,
             last,
+            copying: Mutex::default(),
         });
         if follow {
             store.follow_commits(client, events).await?;
@@ -350,14 +361,7 @@ impl JetStreamStore {
 
     /// The copied record of a call and the stream sequence of the copy.
     async fn copy(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
-        match self
-            .last
-            .on(group_id, self.layout.call(group_id, id))
-            .await?
-        {
-            Some(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
-            None => Ok(None),
-        }
+        self.copier.read(group_id, id).await
     }
 
     /// The call as of the thread's last commit.
@@ -374,10 +378,8 @@ impl JetStreamStore {
     }
 
     /// Copies a commit's calls to their own subjects, except those in
-    /// `carried` (the next commit holds them) and those with a copy at
-    /// least as new. Most calls are copied once, so the first attempt
-    /// expects no copy yet (no read); a conflict reads the copy there and
-    /// tries again against it, unless it is as new as ours.
+    /// `carried` (the next commit holds them) and those already copied as
+    /// of this commit, in the background after it ([`Self::copy_settled`]).
     async fn copy_calls(
         &self,
         group_id: &str,
@@ -385,56 +387,56 @@ impl JetStreamStore {
         carried: &HashMap<String, CallRecord>,
     ) -> Result<(), Error> {
         for call in commit.moved_on(carried) {
-            let subject = self.layout.call(group_id, &call.id);
-            let body: Bytes = codec::encode(&CallCopy {
-                seq: commit.meta.last_seq,
-                call: call.clone(),
-            })
-            .into();
-            let mut expected = 0;
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                let mut headers = HeaderMap::new();
-                headers.insert(
-                    "Nats-Expected-Last-Subject-Sequence",
-                    expected.to_string().as_str(),
-                );
-                match self.publish(subject.clone(), headers, body.clone()).await {
-                    Ok(()) => break,
-                    // Copies racing without end: give up like a lost commit
-                    // race, and let the command be decided again.
-                    Err(e @ Error::Conflict(_)) if attempts >= COPY_ATTEMPTS => return Err(e),
-                    Err(Error::Conflict(_)) => match self.copy(group_id, &call.id).await? {
-                        Some((_, c)) if c.seq >= commit.meta.last_seq => break,
-                        Some((stream_seq, _)) => expected = stream_seq,
-                        None => expected = 0,
-                    },
-                    Err(e) => return Err(e),
+            let seq = commit.meta.last_seq;
+            if let Some(copying) = self.copied_since(group_id, &call.id, seq) {
+                if copying.await.is_ok() {
+                    continue;
                 }
             }
+            self.copier.write(group_id, call, seq).await?;
         }
         Ok(())
     }
 
-    async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
-        connected(&self.js)?;
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, body)
-            .await
-            .map_err(|e| match e.kind() {
-                // Never accepted, however often tried: not a NATS outage.
-                PublishErrorKind::MaxPayloadExceeded => {
-                    Error::TooLarge(format!("a commit larger than NATS accepts: {e}"))
-                }
-                _ => backend(e),
-            })?;
-        match ack.await {
-            Ok(_) => Ok(()),
-            Err(e) if lost_race(&e) => Err(Error::Conflict(subject)),
-            Err(e) => Err(backend(e)),
+    /// After commit `seq`, copies its calls that are settled (nothing more
+    /// is owed for them, so they rarely change again) in the background:
+    /// the thread's next command, which usually moves on from them, then
+    /// need not wait for their copies (a fsync each). Its writer awaits a
+    /// copy still under way, and writes one that failed itself.
+    fn copy_settled(&self, group_id: &str, calls: &HashMap<String, CallRecord>, seq: u64) {
+        let mut copying = self.copying.lock().expect("copying lock");
+        if copying.len() > MAX_COPYING {
+            copying.retain(|_, (_, copy)| copy.peek().is_none());
         }
+        for call in calls.values().filter(|c| !c.is_unsettled()) {
+            let (copier, group_id, call) = (self.copier.clone(), group_id.to_owned(), call.clone());
+            let key = (group_id.clone(), call.id.clone());
+            let copy = async move {
+                copier
+                    .write(&group_id, &call, seq)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            .boxed()
+            .shared();
+            tokio::spawn(copy.clone());
+            copying.insert(key, (seq, copy));
+        }
+    }
+
+    /// The background copy of the call as of commit `seq`, if one was
+    /// started.
+    fn copied_since(&self, group_id: &str, id: &str, seq: u64) -> Option<Copying> {
+        let key = (group_id.to_owned(), id.to_owned());
+        let mut copying = self.copying.lock().expect("copying lock");
+        match copying.remove(&key) {
+            Some((copied, copy)) if copied == seq => Some(copy),
+            _ => None,
+        }
+    }
+
+    async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
+        publish(&self.js, subject, headers, body).await
     }
 
     /// Where to start reading a thread's log to find events after `after`.
@@ -456,6 +458,93 @@ impl JetStreamStore {
             out.push(entry.map_err(backend)?.0);
         }
         Ok(out)
+    }
+}
+
+/// Appends `body` to `subject`, as JetStream acknowledges it.
+async fn publish(
+    js: &jetstream::Context,
+    subject: String,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(), Error> {
+    connected(js)?;
+    let ack = js
+        .publish_with_headers(subject.clone(), headers, body)
+        .await
+        .map_err(|e| match e.kind() {
+            // Never accepted, however often tried: not a NATS outage.
+            PublishErrorKind::MaxPayloadExceeded => {
+                Error::TooLarge(format!("a commit larger than NATS accepts: {e}"))
+            }
+            _ => backend(e),
+        })?;
+    match ack.await {
+        Ok(_) => Ok(()),
+        Err(e) if lost_race(&e) => Err(Error::Conflict(subject)),
+        Err(e) => Err(backend(e)),
+    }
+}
+
+/// A background copy of a call: shared by the task that drives it and the
+/// writer that awaits it.
+type Copying = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
+
+/// Background copies kept track of at most; past it, finished ones go.
+const MAX_COPYING: usize = 10_000;
+
+/// Writes and reads calls' copies (`ferry.<p>.call.<g>.<id>`).
+#[derive(Clone)]
+struct Copier {
+    js: jetstream::Context,
+    layout: Layout,
+    last: LastReads,
+}
+
+impl Copier {
+    async fn read(&self, group_id: &str, id: &str) -> Result<Option<(u64, CallCopy)>, Error> {
+        match self
+            .last
+            .on(group_id, self.layout.call(group_id, id))
+            .await?
+        {
+            Some(message) => Ok(Some((message.sequence, codec::decode(&message.payload)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the call's copy as of the thread's event `seq`, unless one at
+    /// least as new is there. Most calls are copied once, so the first
+    /// attempt expects no copy yet (no read); a conflict reads the copy
+    /// there and tries again against it, unless it is as new as ours.
+    async fn write(&self, group_id: &str, call: &CallRecord, seq: u64) -> Result<(), Error> {
+        let subject = self.layout.call(group_id, &call.id);
+        let body: Bytes = codec::encode(&CallCopy {
+            seq,
+            call: call.clone(),
+        })
+        .into();
+        let mut expected = 0;
+        for attempt in 1.. {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                expected.to_string().as_str(),
+            );
+            match publish(&self.js, subject.clone(), headers, body.clone()).await {
+                Ok(()) => break,
+                // Copies racing without end: give up like a lost commit
+                // race, and let the command be decided again.
+                Err(e @ Error::Conflict(_)) if attempt >= COPY_ATTEMPTS => return Err(e),
+                Err(Error::Conflict(_)) => match self.read(group_id, &call.id).await? {
+                    Some((_, c)) if c.seq >= seq => break,
+                    Some((stream_seq, _)) => expected = stream_seq,
+                    None => expected = 0,
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -681,6 +770,7 @@ impl Store for JetStreamStore {
             .layout
             .commit(group_id, commit.dispatches().next().is_some());
         self.publish(subject, headers, body.into()).await?;
+        self.copy_settled(group_id, &write.state.calls, commit.meta.last_seq);
         debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
         advance(&self.tips, group_id, commit.meta.last_seq);
         Ok(())
@@ -703,6 +793,21 @@ impl Store for JetStreamStore {
     }
 
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
+        self.events_to_tip(group_id, after, limit, 0).await
+    }
+
+    /// Reads commit after commit; without a `tip` above `after`, until the
+    /// log's end (one more read, that finds nothing), else until the
+    /// commit that reaches `tip`. A commit past it whose republish was
+    /// lost is read once the tip moves, or within a second of the loss
+    /// (`catch_up_when_missed`).
+    async fn events_to_tip(
+        &self,
+        group_id: &str,
+        after: u64,
+        limit: usize,
+        tip: u64,
+    ) -> Result<Vec<Event>, Error> {
         connected(&self.js)?;
         let subject = self.layout.log(group_id);
         let stream = self.last.of(group_id);
@@ -720,7 +825,11 @@ impl Store for JetStreamStore {
             from = message.sequence;
             let commit: Commit = codec::decode(&message.payload)?;
             self.remember(group_id, commit.meta.last_seq, message.sequence);
+            let reached = tip > after && commit.meta.last_seq >= tip;
             out.extend(commit.events.into_iter().filter(|e| e.seq > after));
+            if reached {
+                break;
+            }
         }
         out.truncate(limit);
         Ok(out)

@@ -192,6 +192,20 @@ pub trait Store: Send + Sync + 'static {
     /// Durable events of the thread with sequence numbers above `after`.
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error>;
 
+    /// [`Store::events`] for a reader that follows the thread and knows its
+    /// tip (above `after`): it may stop once it has read up to `tip`, since
+    /// the reader waits for the tip to move before it reads again. (A
+    /// cluster's read of the log's end is one more round trip to NATS.)
+    async fn events_to_tip(
+        &self,
+        group_id: &str,
+        after: u64,
+        limit: usize,
+        _tip: u64,
+    ) -> Result<Vec<Event>, Error> {
+        self.events(group_id, after, limit).await
+    }
+
     /// Watches the thread's last durable sequence number.
     fn watch(&self, group_id: &str) -> Watch;
 
