@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::quota::Limited;
 use crate::cluster::{run_worker, start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 
 /// The `nats-server` to run: the flag, else `target/nats/bin` (where the
@@ -101,13 +102,18 @@ impl Drop for Nats {
 pub struct Deployment {
     pub bases: Vec<String>,
     tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// With `--cpu-quota`, the nodes and workers as processes of their own.
+    children: Vec<Limited>,
     nats: Nats,
 }
 
 impl Deployment {
-    /// The `nats-server` child's process id.
-    pub fn nats_pid(&self) -> u32 {
-        self.nats.child.id()
+    /// The processes doing Ferry's work beside this one, for their CPU:
+    /// `nats-server`, and the nodes and workers when they run apart.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.nats.child.id())
+            .chain(self.children.iter().map(Limited::pid))
+            .collect()
     }
 
     /// The URL of its `nats-server`'s `/varz`.
@@ -124,17 +130,36 @@ impl Drop for Deployment {
     }
 }
 
-/// Starts NATS, `runtimes` nodes (the first registers `tool`) and
-/// `workers` workers whose callbacks go to the first node.
+/// What to deploy.
+pub struct Shape<'a> {
+    pub runtimes: usize,
+    pub workers: usize,
+    pub partitions: usize,
+    /// Each node and worker a process of its own, limited to this share of
+    /// a core; in this process when `None`.
+    pub cpu_quota: Option<f64>,
+    /// The tool server the first node registers.
+    pub tool: &'a str,
+}
+
+/// Starts NATS, the shape's nodes (the first registers the tool) and
+/// workers, whose callbacks go to the first node.
 pub async fn deploy(
     binary: &Path,
     sync_interval: &str,
-    runtimes: usize,
-    workers: usize,
-    partitions: usize,
-    tool: &str,
+    shape: Shape<'_>,
 ) -> anyhow::Result<Deployment> {
     let nats = Nats::start(binary, sync_interval).await?;
+    if let Some(quota) = shape.cpu_quota {
+        return deploy_apart(nats, &shape, quota).await;
+    }
+    let Shape {
+        runtimes,
+        workers,
+        partitions,
+        tool,
+        ..
+    } = shape;
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let cluster = |public_url: Option<String>| ClusterOptions {
         nats: nats.url.clone(),
@@ -180,7 +205,67 @@ pub async fn deploy(
         };
         tasks.push(tokio::spawn(run_worker(options, std::future::pending())));
     }
-    Ok(Deployment { bases, tasks, nats })
+    Ok(Deployment {
+        bases,
+        tasks,
+        children: vec![],
+        nats,
+    })
+}
+
+/// [`deploy`] with each node and worker a `ferry` process of its own, in
+/// a cgroup limited to `quota` of a core.
+async fn deploy_apart(nats: Nats, shape: &Shape<'_>, quota: f64) -> anyhow::Result<Deployment> {
+    let secret = uuid::Uuid::new_v4().simple().to_string();
+    let run = &secret[..8];
+    let common = |role: &str| -> Vec<String> {
+        [
+            role,
+            "--nats",
+            &nats.url,
+            "--secret",
+            &secret,
+            "--partitions",
+            &shape.partitions.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (mut bases, mut children) = (vec![], vec![]);
+    for i in 0..shape.runtimes {
+        let mut args = common("runtime");
+        args.extend(["--listen".into(), "127.0.0.1:0".into()]);
+        if i == 0 {
+            args.extend(["--tool-server".into(), shape.tool.to_owned()]);
+        }
+        let name = format!("ferry-bench-{run}-node-{i}");
+        let (node, said) = tokio::task::spawn_blocking(move || {
+            Limited::start(&name, quota, &args, "ferry listening on ")
+        })
+        .await??;
+        let base = said
+            .strip_prefix("ferry listening on ")
+            .context("the node's address")?
+            .to_owned();
+        bases.push(base);
+        children.push(node);
+    }
+    for i in 0..shape.workers {
+        let mut args = common("worker");
+        args.extend(["--public-url".into(), bases[0].clone()]);
+        let name = format!("ferry-bench-{run}-worker-{i}");
+        let (worker, _) = tokio::task::spawn_blocking(move || {
+            Limited::start(&name, quota, &args, "ferry worker ready")
+        })
+        .await??;
+        children.push(worker);
+    }
+    Ok(Deployment {
+        bases,
+        tasks: vec![],
+        children,
+        nats,
+    })
 }
 
 #[cfg(test)]

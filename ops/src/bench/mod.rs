@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 use crate::serve::{start, ServeOptions};
 
 mod cluster;
+mod quota;
 
 /// The target: Ferry's throughput at 64 callers is at least this
 /// fraction of the baseline's.
@@ -81,11 +82,28 @@ pub struct BenchArgs {
     /// The cluster shapes for --cluster, as NODESxWORKERS, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1x1,1x3,2x1,2x3", value_parser = shape)]
     pub shapes: Vec<(usize, usize)>,
+    /// Runs each cluster node and worker as a process of its own, in a
+    /// cgroup limited to this share of one core (0.1: a tenth), so that
+    /// each stands for a host of its own and capacity can grow with
+    /// nodes on a small machine. Needs a writable cgroup tree (v1 or v2).
+    #[arg(long, value_parser = cpu_quota)]
+    pub cpu_quota: Option<f64>,
     /// The partition counts each cluster shape runs with (`ferry runtime
     /// --partitions`), comma-separated: `1,4` runs every shape twice.
     #[arg(long, value_delimiter = ',', default_value = "1",
           value_parser = clap::value_parser!(u16).range(1..=ferry_runtime::cluster::subjects::MAX_PARTITIONS as i64))]
     pub partitions: Vec<u16>,
+}
+
+/// A share of one core: more than 0, at most the machine's cores.
+fn cpu_quota(text: &str) -> Result<f64, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    match text.parse::<f64>() {
+        Ok(q) if q > 0.0 && q <= cores => Ok(q),
+        _ => Err(format!(
+            "{text:?} is not a share of a core between 0 and {cores}, such as 0.1"
+        )),
+    }
 }
 
 /// `2x3` → 2 runtime nodes and 3 workers, each at least 1.
@@ -381,6 +399,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         "--concurrency needs caller counts of at least 1"
     );
     ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    ensure!(
+        args.cpu_quota.is_none() || args.cluster,
+        "--cpu-quota limits cluster nodes and workers: give --cluster too"
+    );
     let plan = Plan {
         warmup,
         duration,
@@ -435,30 +457,33 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             .iter()
             .flat_map(|&(n, w)| args.partitions.iter().map(move |&k| (n, w, usize::from(k))));
         for (runtimes, workers, partitions) in shapes {
-            let deployment = cluster::deploy(
-                &binary,
-                &args.nats_sync_interval,
+            let tool = format!("http://{tool}");
+            let shape = cluster::Shape {
                 runtimes,
                 workers,
                 partitions,
-                &format!("http://{tool}"),
-            )
-            .await?;
+                cpu_quota: args.cpu_quota,
+                tool: &tool,
+            };
+            let deployment = cluster::deploy(&binary, &args.nats_sync_interval, shape).await?;
             let ferry = Ferry {
                 bases: deployment.bases.clone(),
                 run: uuid::Uuid::new_v4().simple().to_string()[..8].to_owned(),
                 streams: Arc::default(),
                 calls: Arc::default(),
-                processes: vec![deployment.nats_pid()],
+                processes: deployment.pids(),
                 nats_varz: Some(deployment.nats_varz()),
                 ..ferry.clone()
             };
             ferry.wait_registered().await?;
             deployments.push(deployment);
-            let mode = match partitions {
-                1 => format!("cluster {runtimes}x{workers}"),
-                k => format!("cluster {runtimes}x{workers} K={k}"),
-            };
+            let mut mode = format!("cluster {runtimes}x{workers}");
+            if partitions > 1 {
+                mode += &format!(" K={partitions}");
+            }
+            if let Some(quota) = args.cpu_quota {
+                mode += &format!(" Q={quota}");
+            }
             targets.push((mode, ferry));
         }
         for &callers in &args.concurrency {
@@ -1167,6 +1192,7 @@ mod tests {
             nats_sync_interval: "always".into(),
             shapes: vec![(1, 1)],
             partitions: vec![1],
+            cpu_quota: None,
         };
         let error = run(&args(0, vec![1])).await.expect_err("refused");
         assert!(error.to_string().contains("--rounds"), "{error}");

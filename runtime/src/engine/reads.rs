@@ -75,7 +75,10 @@ impl Engine {
         tip: u64,
     ) -> Result<Vec<Event>, Error> {
         self.check_id("group_id", group_id)?;
-        Ok(self.store.events_to_tip(group_id, after, limit, tip).await?)
+        Ok(self
+            .store
+            .events_to_tip(group_id, after, limit, tip)
+            .await?)
     }
 
     /// Events after `after`, at most `limit`; when there are none yet, waits
@@ -96,9 +99,10 @@ impl Engine {
         let mut tip = self.store.watch(group_id);
         let wait = wait.min(Duration::from_secs(self.config.max_wait_secs));
         let seen = (*tip).clone();
-        let read = || self
-            .store
-            .events_to_tip(group_id, after, limit, *seen.borrow());
+        let read = || {
+            self.store
+                .events_to_tip(group_id, after, limit, *seen.borrow())
+        };
         let page = next_page(after, &mut tip, false, limit, read);
         // A stopping process answers what there is: nothing yet.
         let page = tokio::select! {
