@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::idempotency::IdempotencyKey;
 use crate::rap::{ContentItem, DisplaySegment};
 
 /// `POST /v1/calls`: the RAP invocation fields minus `callback_url`.
@@ -144,6 +145,11 @@ pub struct Event {
     pub id: Option<String>,
     /// RFC 3339 UTC, milliseconds.
     pub at: String,
+    /// The `Idempotency-Key` of the tool's callback that recorded the
+    /// event, with its body's fingerprint: a repeat of the key for the
+    /// same call is answered `duplicate` and records nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<IdempotencyKey>,
     #[serde(flatten)]
     pub kind: EventKind,
 }

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod bus;
+pub mod idempotency;
 pub mod rap;
 
 pub use api::{CallStatus, ErrorBody, Event, EventKind};

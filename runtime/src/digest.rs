@@ -1,6 +1,7 @@
 //! SHA-256 of text, for two uses. Short, stable names: the first bytes in
 //! lower-case hex, where a name must be fixed-length or must not collide
-//! with another's (OXP tool names, MCP call threads, OXP reruns). Secret
+//! with another's (OXP tool names, MCP call threads, OXP reruns, the
+//! fingerprint of a keyed callback's body). Secret
 //! comparison: credentials are compared as digests, in full, so the time
 //! taken says nothing of where a guess first differs (API tokens, the MCP
 //! bearer token, the OXP API key).
@@ -17,9 +18,9 @@ pub fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// The first `bytes` bytes of `text`'s SHA-256 as `2 * bytes` hex digits.
-pub fn sha256_hex(text: &str, bytes: usize) -> String {
-    let digest = Sha256::digest(text.as_bytes());
+/// The first `bytes` bytes of `data`'s SHA-256 as `2 * bytes` hex digits.
+pub fn sha256_hex(data: impl AsRef<[u8]>, bytes: usize) -> String {
+    let digest = Sha256::digest(data.as_ref());
     digest[..bytes].iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -74,19 +74,32 @@ impl Api {
     }
 
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        self.post_with(path, body, &[]).await
+    }
+
+    /// POSTs `body` with `headers` besides its content type, each sent as
+    /// given (a name twice is sent twice): a tool's callback with its
+    /// `Idempotency-Key`, say.
+    pub async fn post_with(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &[u8])],
+    ) -> (u16, Value) {
         let url = if path.starts_with("http") {
             path.to_owned()
         } else {
             format!("{}{path}", self.base)
         };
-        let response = self
+        let mut request = self
             .client
             .post(url)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("POST");
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            let value = reqwest::header::HeaderValue::from_bytes(value).expect("a header value");
+            request = request.header(*name, value);
+        }
+        let response = request.body(body).send().await.expect("POST");
         answer(response).await
     }
 

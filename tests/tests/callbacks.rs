@@ -816,3 +816,132 @@ async fn post_in_chunks(url: &str, chunks: Vec<String>) -> reqwest::Result<reqwe
         .send()
         .await
 }
+
+/// The header the IETF draft names (draft-ietf-httpapi-idempotency-key-header).
+const KEY: &str = "Idempotency-Key";
+
+/// Request headers as `Api::post_with` sends them.
+type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+
+/// Posts `body` to `url` with one `Idempotency-Key: key` header.
+async fn post_keyed(api: &Api, url: &str, body: &Value, key: &[u8]) -> (u16, Value) {
+    api.post_with(url, body.to_string().into_bytes(), &[(KEY, key)])
+        .await
+}
+
+/// rap-3: a `subscription_event` has no id ("Events have no per-event
+/// id"), so a tool that sends one again because Ferry's answer never
+/// reached it (Ferry killed between storing it and answering) would have
+/// it recorded twice. Named by an `Idempotency-Key` (the draft: a key "the
+/// resource server uses to recognize subsequent retries of the same
+/// request"), the repeat is answered `duplicate` and records nothing.
+/// The draft makes the value an sf-string (quoted); a bare key is taken as
+/// the same key. The same key with a different body is the draft's 422.
+#[tokio::test]
+async fn a_keyed_subscription_event_posted_twice_is_recorded_once() {
+    let mut s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "sub").await;
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "sub", "text": "watching", "subscription": true});
+    assert_eq!(api.post(&url, &opened).await.0, 200);
+    let tick = event("g", "sub", "tick", false);
+    let answer = |(status, body): (u16, Value)| (status, body["status"].clone());
+    let applied = (200, json!("applied"));
+    let duplicate = (200, json!("duplicate"));
+    assert_eq!(
+        answer(post_keyed(&api, &url, &tick, br#""sub/1""#).await),
+        applied
+    );
+    assert_eq!(
+        answer(post_keyed(&api, &url, &tick, br#""sub/1""#).await),
+        duplicate
+    );
+    assert_eq!(
+        answer(post_keyed(&api, &url, &tick, b"sub/1").await),
+        duplicate
+    );
+    // The key names the callback, not its text: another key, another event.
+    assert_eq!(
+        answer(post_keyed(&api, &url, &tick, br#""sub/2""#).await),
+        applied
+    );
+    let (status, body) = post_keyed(&api, &url, &event("g", "sub", "tock", false), b"sub/1").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused")),
+        "{body}"
+    );
+    assert_eq!(api.count("g", "sub", "subscription_event").await, 2);
+    assert_eq!(api.call("g", "sub").await.1["subscription"]["events"], 2);
+    let keys: Vec<Value> = api
+        .events("g", 0)
+        .await
+        .into_iter()
+        .filter(|e| e["type"] == "subscription_event")
+        .map(|e| e["idempotency_key"]["key"].clone())
+        .collect();
+    assert_eq!(keys, [json!("sub/1"), json!("sub/2")]);
+
+    // The keys are in the log: after a kill -9 the repeat is still one.
+    s.ferry.restart().await;
+    let api = s.api();
+    assert_eq!(
+        answer(post_keyed(&api, &url, &tick, br#""sub/1""#).await),
+        duplicate
+    );
+    assert_eq!(api.count("g", "sub", "subscription_event").await, 2);
+    // Without a key, the same event is a new one, as before.
+    assert_eq!(answer(api.post(&url, &tick).await), applied);
+    assert_eq!(api.count("g", "sub", "subscription_event").await, 3);
+}
+
+/// A key Ferry does not take (over 256 bytes, a control character, not
+/// ASCII, empty, a broken sf-string, or two headers: the draft says
+/// "Clients MUST NOT include more than one") is answered 400
+/// `invalid_callback` and records nothing, whatever the body.
+#[tokio::test]
+async fn a_bad_idempotency_key_is_refused_and_changes_nothing() {
+    let s = Setup::new().await;
+    let api = s.api();
+    let url = s.dispatched("g", "sub").await;
+    api.wait_for("g", "sub", "call_dispatched").await;
+    let tick = event("g", "sub", "tick", false).to_string().into_bytes();
+    let longest = "k".repeat(256);
+    let too_long = "k".repeat(257);
+    let quoted_too_long = format!("\"{too_long}\"");
+    let cases: [(&str, Headers); 9] = [
+        ("257 bytes", vec![(KEY, too_long.as_bytes())]),
+        ("257 bytes, quoted", vec![(KEY, quoted_too_long.as_bytes())]),
+        ("a tab inside", vec![(KEY, b"a\tb")]),
+        ("not ASCII", vec![(KEY, "café".as_bytes())]),
+        ("empty", vec![(KEY, b"")]),
+        ("empty, quoted", vec![(KEY, br#""""#)]),
+        ("an unclosed quote", vec![(KEY, br#""abc"#)]),
+        ("a space, unquoted", vec![(KEY, b"a b")]),
+        ("two headers", vec![(KEY, b"a"), (KEY, b"b")]),
+    ];
+    let before = api.events("g", 0).await;
+    for (what, headers) in cases {
+        let (status, body) = api.post_with(&url, tick.clone(), &headers).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_callback")),
+            "{what}: {body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(KEY), "{what}: {message}");
+    }
+    assert_eq!(api.events("g", 0).await, before, "nothing recorded");
+    assert_eq!(api.call("g", "sub").await.1["status"], "dispatched");
+    // The longest key Ferry takes, quoted or bare.
+    let quoted = format!("\"{longest}\"");
+    let (status, body) = api
+        .post_with(&url, tick.clone(), &[(KEY, quoted.as_bytes())])
+        .await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
+    let (status, body) = api
+        .post_with(&url, tick, &[(KEY, longest.as_bytes())])
+        .await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("duplicate")));
+    assert_eq!(api.count("g", "sub", "subscription_event").await, 1);
+}

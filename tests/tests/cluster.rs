@@ -149,6 +149,57 @@ async fn ten_copies_of_a_result_across_two_nodes_make_one_event() {
     assert_eq!(b.count("g", "c", "tool_result").await, 1);
 }
 
+/// rap-3: "Events have no per-event id", so only an `Idempotency-Key`
+/// tells a `subscription_event` sent again (its answer lost with a node)
+/// from a second one. Ten copies under one key, sent to two nodes at once,
+/// are one event: the key travels in the commit on JetStream, and the
+/// compare-and-set decides each loser again against the winner's keys.
+/// Another key, even with the same text, is another event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_subscription_event_sent_to_two_nodes_is_recorded_once() {
+    let c = Cluster::start(1).await;
+    let (a, b) = (c.a.api(), c.b.api());
+    let url = path_of(&c.dispatched(&a, "g", "s").await);
+    let opened = json!({"type": "tool_result", "group_id": "g", "id": "s", "text": "on", "subscription": true});
+    assert_eq!(a.post(&url, &opened).await.0, 200);
+    let tick =
+        json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "s", "text": "tick"});
+    let body = tick.to_string().into_bytes();
+    let key: &[u8] = br#""8e03978e-40d5-43e8-bc93-6894a57f9324""#;
+    let posts = (0..10).map(|i| {
+        let (node, url, body) = (if i % 2 == 0 { &a } else { &b }, &url, body.clone());
+        async move { node.post_with(url, body, &[("Idempotency-Key", key)]).await }
+    });
+    let answers = join_all(posts).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    let applied = answers.iter().filter(|(_, b)| b["status"] == "applied");
+    assert_eq!(applied.count(), 1, "{answers:?}");
+    let other = b
+        .post_with(&url, body, &[("Idempotency-Key", b"tick-2")])
+        .await;
+    assert_eq!(
+        (other.0, other.1["status"].as_str()),
+        (200, Some("applied"))
+    );
+    for node in [&a, &b] {
+        assert_eq!(node.count("g", "s", "subscription_event").await, 2);
+        let keys: Vec<Value> = node
+            .events("g", 0)
+            .await
+            .into_iter()
+            .filter(|e| e["type"] == "subscription_event")
+            .map(|e| e["idempotency_key"]["key"].clone())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                json!("8e03978e-40d5-43e8-bc93-6894a57f9324"),
+                json!("tick-2")
+            ]
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_group_ids_stay_in_their_own_thread() {
     let c = Cluster::start(1).await;
@@ -1969,6 +2020,7 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
                 group_id: "g".into(),
                 id: None,
                 at: "2026-11-29T00:00:00.000Z".into(),
+                idempotency_key: None,
                 kind: EventKind::ThreadClosed {},
             }];
             let write = Write {

@@ -559,12 +559,25 @@ impl Call {
     }
 
     /// POSTs a callback, retrying with backoff on 5xx or a transport error,
-    /// never on any other status.
+    /// never on any other status. Each callback has an `Idempotency-Key` of
+    /// its own (a new UUID, quoted as the draft's sf-string), the same on
+    /// every retry of it, with the same body: if Ferry recorded it but its
+    /// answer was lost, the retry is answered `duplicate` rather than
+    /// recorded twice (a `subscription_event` has no id of its own).
     async fn send(&self, callback: &Callback) {
         let url = &self.inv.callback_url;
+        let key = format!("\"{}\"", uuid::Uuid::new_v4());
+        let body = Bytes::from(serde_json::to_vec(callback).expect("a callback serializes"));
         let mut backoff = Duration::from_millis(50);
         for attempt in 1..=CALLBACK_ATTEMPTS {
-            match self.shared.http.post(url).json(callback).send().await {
+            let post = self
+                .shared
+                .http
+                .post(url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(ferry_proto::idempotency::HEADER, &key)
+                .body(body.clone());
+            match post.send().await {
                 Ok(r) if r.status().is_success() => return,
                 Ok(r) if !r.status().is_server_error() => {
                     tracing::warn!(%url, status = %r.status(), kind = callback.kind(), "callback refused; not retrying");

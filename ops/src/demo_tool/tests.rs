@@ -284,3 +284,56 @@ async fn diff_has_a_diff_then_a_text_segment() {
     let text = DisplaySegment::Known(KnownSegment::Text("edit src/main.rs — 1 insertion".into()));
     assert_eq!(segments[1], text);
 }
+
+/// Each callback carries an `Idempotency-Key` of its own, quoted as the
+/// draft's sf-string, and a retry of it (after a 5xx) the same key and the
+/// same body, so that Ferry can answer a repeat `duplicate`.
+#[tokio::test]
+async fn each_callback_has_its_own_idempotency_key_kept_across_retries() {
+    let tool = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", tool.local_addr().unwrap());
+    tokio::spawn(DemoTool::serve(tool));
+    let (tx, mut posts) = mpsc::unbounded_channel();
+    let seen = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let receiver = Router::new().route(
+        "/callback",
+        post(move |headers: HeaderMap, body: Bytes| async move {
+            let key = headers
+                .get(ferry_proto::idempotency::HEADER)
+                .map(|v| v.to_str().unwrap().to_owned());
+            let first = seen.lock().unwrap().insert(body.clone());
+            let _ = tx.send((key, body));
+            // Every callback's first attempt fails, as a Ferry that stored
+            // it and died before answering would look to the tool.
+            if first {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let callback_url = format!("http://{}/callback", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, receiver).await });
+    let invocation = json!({
+        "operation": "ticks", "arguments": {"count": 2, "interval_ms": 0}, "id": "t",
+        "call_id": null, "callback_url": callback_url, "group_id": "thread-1",
+    });
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let sent = http.post(format!("{base}/invoke")).json(&invocation).send();
+    assert_eq!(sent.await.unwrap().status(), StatusCode::OK);
+    let mut received = vec![];
+    // The result and two ticks, each sent twice.
+    for _ in 0..6 {
+        let next = tokio::time::timeout(Duration::from_secs(10), posts.recv()).await;
+        received.push(next.expect("no callback within 10s").unwrap());
+    }
+    let mut keys = std::collections::HashSet::new();
+    for attempts in received.chunks(2) {
+        assert_eq!(attempts[0], attempts[1], "a retry is the same request");
+        let key = attempts[0].0.as_deref().expect("an Idempotency-Key");
+        assert!(key.starts_with('"') && key.ends_with('"'), "{key}");
+        let key = ferry_proto::idempotency::parse(key.as_bytes()).unwrap();
+        assert!(keys.insert(key), "each callback has a key of its own");
+    }
+}

@@ -3,6 +3,7 @@
 //! machine (which dedupes and refuses what does not match).
 
 use ferry_proto::api::{CallStatus, EventKind};
+use ferry_proto::idempotency::{self, IdempotencyKey};
 use ferry_proto::rap::{Callback, Ending, Peek};
 use tracing::{info, instrument, warn};
 
@@ -11,10 +12,16 @@ use crate::metrics;
 use crate::thread::{Command, Outcome};
 
 impl Engine {
-    /// Applies one callback. Returns what it did once that is durable.
+    /// Applies one callback, under its `Idempotency-Key` (without quotes)
+    /// if it had one. Returns what it did once that is durable.
     #[instrument(skip_all, fields(group_id, call_id))]
-    pub async fn callback(&self, token: &str, body: &[u8]) -> Result<Outcome, Error> {
-        let result = self.callback_inner(token, body).await;
+    pub async fn callback(
+        &self,
+        token: &str,
+        body: &[u8],
+        key: Option<&str>,
+    ) -> Result<Outcome, Error> {
+        let result = self.callback_inner(token, body, key).await;
         let (kind, outcome) = match &result {
             Ok((kind, outcome)) => (*kind, outcome.name()),
             Err(e) => {
@@ -125,17 +132,29 @@ impl Engine {
         &self,
         token: &str,
         body: &[u8],
+        key: Option<&str>,
     ) -> Result<(&'static str, Outcome), Error> {
         let (group_id, id, callback) = self.check_callback(token, body)?;
         in_call_span(&group_id, &id);
         let kind = callback.kind();
+        let key = key
+            .map(|key| {
+                idempotency::check(key).map_err(|e| Error::BadCallback(e.to_string()))?;
+                Ok::<_, Error>(IdempotencyKey {
+                    key: key.to_owned(),
+                    // The body as it came: a retry sends the same bytes.
+                    fingerprint: crate::digest::sha256_hex(body, 8),
+                })
+            })
+            .transpose()?;
         let command = match callback {
             // A view_update names no call; its token's must still be open.
             Callback::ViewUpdate(update) => Command::View {
                 id: id.clone(),
                 update,
+                key,
             },
-            callback => Command::Callback(callback),
+            callback => Command::Callback { callback, key },
         };
         let executed = self.execute(&group_id, command).await?;
         let outcome = executed.decision.outcome;

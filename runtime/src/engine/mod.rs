@@ -683,6 +683,7 @@ pub(crate) mod tests {
             group_id: "g".into(),
             id: Some("c1".into()),
             at: now(),
+            idempotency_key: None,
             kind: EventKind::SubscriptionEvent {
                 text: "early".into(),
                 associative: false,

@@ -229,6 +229,7 @@ mod tests {
             group_id: "g".into(),
             id: None,
             at: String::new(),
+            idempotency_key: None,
             kind: EventKind::ThreadClosed {},
         }
     }

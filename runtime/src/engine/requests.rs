@@ -21,6 +21,9 @@ pub enum Request {
         token: String,
         #[serde(with = "serde_bytes")]
         body: Vec<u8>,
+        /// Its `Idempotency-Key`, quotes removed, if it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
     },
     /// The token's call's `tool_result` was refused for its size (over
     /// `limit` bytes, when known): end the call (`Engine::result_refused`).
@@ -124,7 +127,14 @@ impl Engine {
                     reply,
                 }
             }
-            Request::Callback { token, body } => answered(self.callback(&token, &body).await?),
+            Request::Callback {
+                token,
+                body,
+                idempotency_key,
+            } => answered(
+                self.callback(&token, &body, idempotency_key.as_deref())
+                    .await?,
+            ),
             Request::ResultRefused { token, limit } => {
                 answered(self.result_refused(&token, limit).await?)
             }

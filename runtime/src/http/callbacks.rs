@@ -1,7 +1,9 @@
 //! `POST /v1/callbacks/{token}`: the five RAP callback types.
 
 use axum::extract::{Request, State};
+use axum::http::HeaderMap;
 use axum::Json;
+use ferry_proto::idempotency;
 use ferry_proto::rap::Peek;
 use serde_json::json;
 
@@ -15,11 +17,16 @@ use crate::thread::Outcome;
 /// 200 `{"status": "applied" | "duplicate" | "ignored"}` once durable.
 /// 403 for a forged token or a body naming another call; 404 for an unknown
 /// call; 410 for an event of a cancelled or ended subscription; 400 for a
-/// malformed body; 413 for a body over the size limit, and when it was the
-/// call's `tool_result`, the call fails with an error saying so (tools do
-/// not send a refused callback again; when that cannot be recorded, the
-/// answer is the store's 5xx, which they do retry). Other refusals record
-/// nothing.
+/// malformed body or `Idempotency-Key`; 413 for a body over the size limit,
+/// and when it was the call's `tool_result`, the call fails with an error
+/// saying so (tools do not send a refused callback again; when that cannot
+/// be recorded, the answer is the store's 5xx, which they do retry); 422
+/// `idempotency_key_reused` for a key the call took with another body.
+/// Other refusals record nothing.
+///
+/// An `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header) names
+/// the callback: a repeat of a key its call remembers is answered
+/// `duplicate` and records nothing (`thread::decide`).
 pub async fn receive(
     State(app): State<AppState>,
     request: Request,
@@ -43,6 +50,15 @@ pub async fn receive(
         app.engine.forged_callback();
         return Err(crate::engine::Error::Forged.into());
     }
+    // A bad key is refused before the body is looked at (drained first,
+    // for the same reason as a forged token's).
+    let key = match idempotency_key(request.headers()) {
+        Ok(key) => key,
+        Err(e) => {
+            let _ = read_body(request, limit, false).await;
+            return Err(e.into());
+        }
+    };
     // A genuine token's oversized body is read through for its call.
     let body = match read_body(request, limit, true).await {
         Ok(body) => body,
@@ -55,6 +71,7 @@ pub async fn receive(
     let request = requests::Request::Callback {
         token: token.clone(),
         body: body.to_vec(),
+        idempotency_key: key,
     };
     match app.perform.perform(request).await {
         Ok(Reply::Callback { outcome }) => Ok(Json(json!({"status": outcome})).into_response()),
@@ -65,6 +82,27 @@ pub async fn receive(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The request's `Idempotency-Key`, quotes removed; `None` without one.
+/// Refused (400 `invalid_callback`): more than one (the draft: "Clients
+/// MUST NOT include more than one"), or a value that is not a key
+/// (`idempotency::parse`: at most 256 bytes of printable ASCII, quoted as
+/// an sf-string or bare).
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    let mut values = headers.get_all(idempotency::HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Error::BadCallback(format!(
+            "send one {} header, not several",
+            idempotency::HEADER
+        )));
+    }
+    idempotency::parse(value.as_bytes())
+        .map(Some)
+        .map_err(|e| Error::BadCallback(e.to_string()))
 }
 
 /// Refuses a callback for its size; if `peek` shows it was its call's

@@ -64,6 +64,7 @@ fn classify(e: &Error) -> (StatusCode, &'static str) {
             Rejection::BadChoice(_) => (S::UNPROCESSABLE_ENTITY, "invalid_choice"),
             Rejection::TooManyViews(_) => (S::CONFLICT, "too_many_views"),
             Rejection::ViewsTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "views_too_large"),
+            Rejection::KeyReused { .. } => (S::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
         },
         Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
         Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),

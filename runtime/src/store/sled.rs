@@ -785,6 +785,7 @@ mod tests {
             group_id: group_id.into(),
             id: None,
             at: "t".into(),
+            idempotency_key: None,
             kind: EventKind::ThreadClosed {},
         }
     }

@@ -2,6 +2,7 @@
 //! table (`rap-3`) that depends on a call's state is here.
 
 use ferry_proto::api::{CallStatus, EventKind, PermissionKind, ResultOrigin};
+use ferry_proto::idempotency::IdempotencyKey;
 use ferry_proto::rap::{Callback, ViewUpdate};
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, Submission, ThreadState};
@@ -51,7 +52,12 @@ pub enum Command {
     },
     /// A tool's callback; its token already named this thread and call.
     /// A `view_update` names no call, so it comes as [`Command::View`].
-    Callback(Callback),
+    /// `key` is its `Idempotency-Key`, if it had one: a key the call
+    /// already remembers is a repeat, which records nothing.
+    Callback {
+        callback: Callback,
+        key: Option<IdempotencyKey>,
+    },
     /// The tool's `tool_result` for call `id` was refused for its size, and
     /// tools do not send a refused callback again (`rap-3`): the call ends
     /// with Ferry's error `text` where the result would be.
@@ -59,10 +65,12 @@ pub enum Command {
         id: String,
         text: String,
     },
-    /// A tool's `view_update`, sent with the token of call `id`.
+    /// A tool's `view_update`, sent with the token of call `id` (and
+    /// recorded as that call's), with its `Idempotency-Key` if it had one.
     View {
         id: String,
         update: ViewUpdate,
+        key: Option<IdempotencyKey>,
     },
     /// The agent cancels a call (or the subscription it opened).
     Cancel {
@@ -141,7 +149,7 @@ impl Command {
             | Command::ChoiceDelivered { id, .. }
             | Command::ChoiceRefused { id, .. }
             | Command::View { id, .. } => vec![id],
-            Command::Callback(cb) => cb.call_id().into_iter().collect(),
+            Command::Callback { callback, .. } => callback.call_id().into_iter().collect(),
             Command::Close | Command::Revoke { .. } => vec![],
         }
     }
@@ -157,6 +165,9 @@ impl Command {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     pub id: Option<String>,
+    /// The `Idempotency-Key` of the callback the event records, which
+    /// `evolve` adds to the call's keys.
+    pub idempotency_key: Option<IdempotencyKey>,
     pub kind: EventKind,
 }
 
@@ -164,6 +175,16 @@ impl Change {
     fn of(id: &str, kind: EventKind) -> Self {
         Self {
             id: Some(id.to_owned()),
+            idempotency_key: None,
+            kind,
+        }
+    }
+
+    /// A change that names no call.
+    fn thread(kind: EventKind) -> Self {
+        Self {
+            id: None,
+            idempotency_key: None,
             kind,
         }
     }
@@ -245,6 +266,12 @@ pub enum Rejection {
         "the thread's views would hold {bytes} bytes with {view_type:?}; at most {MAX_VIEW_BYTES}"
     )]
     ViewsTooLarge { view_type: String, bytes: usize },
+    /// The call already took a callback under this `Idempotency-Key`,
+    /// with another body (the draft's 422).
+    #[error(
+        "Idempotency-Key {key:?} was already used for call {id:?} with a different body; a new callback needs a new key"
+    )]
+    KeyReused { id: String, key: String },
 }
 
 /// Decides what `command` does to `state`. Pure.
@@ -316,7 +343,11 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             }
             Ok(Decision::applied(vec![failed]))
         }
-        Command::Callback(cb) => callback(state, cb),
+        Command::Callback { callback: cb, key } => {
+            keyed(state, cb.call_id(), key.as_ref(), |state| {
+                callback(state, cb)
+            })
+        }
         Command::ResultRefused { id, text } => {
             // Wherever the refused result would have been taken, this is.
             let call = existing(state, id)?;
@@ -327,7 +358,7 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
                 _ => Decision::nothing(Outcome::Duplicate),
             })
         }
-        Command::View { id, update } => {
+        Command::View { id, update, key } => keyed(state, Some(id), key.as_ref(), |state| {
             let call = existing(state, id)?;
             // Invariant 5: only a call still waiting on its tool (or a live
             // subscription) takes callbacks; a late or leaked token's view
@@ -336,8 +367,8 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             if !open || state.meta.closed {
                 return Ok(Decision::nothing(Outcome::Ignored));
             }
-            view_update(state, update)
-        }
+            view_update(state, id, update)
+        }),
         Command::Cancel { id } => {
             let call = existing(state, id)?;
             let kind = match call.status {
@@ -472,10 +503,9 @@ pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Reject
             if !state.meta.grants.contains_key(tool) {
                 return Err(Rejection::NoGrant(tool.clone()));
             }
-            Ok(Decision::applied(vec![Change {
-                id: None,
-                kind: EventKind::GrantRevoked { tool: tool.clone() },
-            }]))
+            Ok(Decision::applied(vec![Change::thread(
+                EventKind::GrantRevoked { tool: tool.clone() },
+            )]))
         }
     }
 }
@@ -556,10 +586,7 @@ fn close(state: &ThreadState) -> Result<Decision, Rejection> {
             Change::of(&call.id, kind)
         })
         .collect();
-    changes.push(Change {
-        id: None,
-        kind: EventKind::ThreadClosed {},
-    });
+    changes.push(Change::thread(EventKind::ThreadClosed {}));
     Ok(Decision::applied(changes))
 }
 
@@ -660,8 +687,9 @@ fn cancel_subscription_tool(
     Ok(decision)
 }
 
-/// A live view's new content, within the thread's bounds.
-fn view_update(state: &ThreadState, v: &ViewUpdate) -> Result<Decision, Rejection> {
+/// A live view's new content, within the thread's bounds, recorded as
+/// call `id`'s (its token's).
+fn view_update(state: &ThreadState, id: &str, v: &ViewUpdate) -> Result<Decision, Rejection> {
     if state.meta.views.get(&v.view_type) == Some(&v.content) {
         return Ok(Decision::nothing(Outcome::Duplicate));
     }
@@ -692,13 +720,46 @@ fn view_update(state: &ThreadState, v: &ViewUpdate) -> Result<Decision, Rejectio
             bytes,
         });
     }
-    Ok(Decision::applied(vec![Change {
-        id: None,
-        kind: EventKind::ViewUpdate {
+    Ok(Decision::applied(vec![Change::of(
+        id,
+        EventKind::ViewUpdate {
             view_type: v.view_type.clone(),
             content: v.content.clone(),
         },
-    }]))
+    )]))
+}
+
+/// Decides a tool's callback to call `id` under its `Idempotency-Key`, if
+/// it had one. A key the call remembers is the same callback again
+/// (`Duplicate`, whatever the call's state now: the first was recorded),
+/// or, with another body, a reuse of the key (refused). Otherwise `decide`
+/// rules, and the first event it records carries the key, which `evolve`
+/// adds to the call's keys. A callback that recorded nothing leaves no
+/// key: its repeat is decided again, and answered the same.
+fn keyed(
+    state: &ThreadState,
+    id: Option<&str>,
+    key: Option<&IdempotencyKey>,
+    decide: impl FnOnce(&ThreadState) -> Result<Decision, Rejection>,
+) -> Result<Decision, Rejection> {
+    let (Some(id), Some(key)) = (id, key) else {
+        return decide(state);
+    };
+    if let Some(seen) = existing(state, id)?.keyed(&key.key) {
+        return if seen.fingerprint == key.fingerprint {
+            Ok(Decision::nothing(Outcome::Duplicate))
+        } else {
+            Err(Rejection::KeyReused {
+                id: id.to_owned(),
+                key: key.key.clone(),
+            })
+        };
+    }
+    let mut decision = decide(state)?;
+    if let Some(first) = decision.changes.first_mut() {
+        first.idempotency_key = Some(key.clone());
+    }
+    Ok(decision)
 }
 
 fn callback(state: &ThreadState, cb: &Callback) -> Result<Decision, Rejection> {

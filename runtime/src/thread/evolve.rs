@@ -18,6 +18,7 @@ pub fn apply(state: &mut ThreadState, at: &str, changes: Vec<Change>) -> Vec<Eve
                 group_id: state.meta.group_id.clone(),
                 id: change.id,
                 at: at.to_owned(),
+                idempotency_key: change.idempotency_key,
                 kind: change.kind,
             };
             evolve(state, &event);
@@ -35,6 +36,14 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
     }
     meta.updated_at = event.at.clone();
     let id = event.id.as_deref().unwrap_or_default();
+    // A keyed callback's event: its call remembers the key (whatever the
+    // event, a `view_update` included).
+    if let Some(key) = &event.idempotency_key {
+        match state.calls.get_mut(id) {
+            Some(call) => call.remember(key),
+            None => debug_assert!(false, "a keyed event for a call not loaded"),
+        }
+    }
     match &event.kind {
         EventKind::CallAccepted {
             operation,

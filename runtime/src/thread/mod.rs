@@ -36,6 +36,14 @@ pub const MAX_ACTIVE_SUBSCRIPTIONS: usize = 64;
 /// thread heavier with each one.
 pub const MAX_VIEWS: usize = 32;
 
+/// The `Idempotency-Key`s a call remembers: those of its most recent keyed
+/// callbacks that recorded something, oldest dropped first. A key is
+/// remembered among its call's last 64 keyed callbacks, not for a time: a
+/// tool's retry of a callback comes before many more of the same call's.
+/// Bounded because the keys live in the call's record, which every commit
+/// touching the call carries (up to 64 keys of at most 256 bytes each).
+pub const MAX_IDEMPOTENCY_KEYS: usize = 64;
+
 /// Starts the reviewer of a decision a standing grant made (`grant:` and
 /// the thread that holds it): an application of a grant, never a grant of
 /// its own. Reserved: no human reviewer may be named so.

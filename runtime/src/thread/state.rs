@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ferry_proto::api::{CallResult, CallStatus, PendingChoice, PermissionKind, ToolTarget};
+use ferry_proto::idempotency::IdempotencyKey;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -76,6 +77,12 @@ pub struct CallRecord {
     /// The user's answer to a `user_choice`, until the tool accepted it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered_choice: Option<ChoiceAnswer>,
+    /// The `Idempotency-Key`s of the call's most recent keyed callbacks
+    /// that recorded something, oldest first, at most
+    /// [`MAX_IDEMPOTENCY_KEYS`](super::MAX_IDEMPOTENCY_KEYS): the fold of
+    /// the keys their events carry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idempotency_keys: Vec<IdempotencyKey>,
 }
 
 impl CallRecord {
@@ -107,6 +114,7 @@ impl CallRecord {
             approval_deadline: None,
             approval: None,
             undelivered_choice: None,
+            idempotency_keys: Vec::new(),
         }
     }
 
@@ -123,6 +131,26 @@ impl CallRecord {
     /// user's answer the tool has not taken yet.
     pub fn is_unsettled(&self) -> bool {
         self.status.is_open() || self.undelivered_choice.is_some()
+    }
+
+    /// The remembered callback under `key`, if the call has one.
+    pub fn keyed(&self, key: &str) -> Option<&IdempotencyKey> {
+        self.idempotency_keys.iter().find(|k| k.key == key)
+    }
+
+    /// Remembers `key` as the newest, dropping the oldest past
+    /// [`MAX_IDEMPOTENCY_KEYS`](super::MAX_IDEMPOTENCY_KEYS). A key already
+    /// remembered stays where it is.
+    pub(super) fn remember(&mut self, key: &IdempotencyKey) {
+        if self.keyed(&key.key).is_some() {
+            return;
+        }
+        self.idempotency_keys.push(key.clone());
+        let over = self
+            .idempotency_keys
+            .len()
+            .saturating_sub(super::MAX_IDEMPOTENCY_KEYS);
+        self.idempotency_keys.drain(..over);
     }
 }
 

@@ -2,6 +2,7 @@
 //! and what each must answer.
 
 use ferry_proto::api::{CallStatus, EventKind, ToolTarget};
+use ferry_proto::idempotency::IdempotencyKey;
 use ferry_proto::rap::{Callback, OAuth, SubscriptionEvent, ToolResult, ViewUpdate};
 use serde_json::json;
 
@@ -38,6 +39,7 @@ fn view(id: &str, view_type: &str, content: serde_json::Value) -> Command {
             view_type: view_type.into(),
             content,
         },
+        key: None,
     }
 }
 
@@ -85,8 +87,30 @@ fn only_an_open_call_updates_views() {
     ]);
 }
 
+/// A tool's callback without an `Idempotency-Key`.
+fn unkeyed(callback: Callback) -> Command {
+    Command::Callback {
+        callback,
+        key: None,
+    }
+}
+
+/// `command`, a callback, sent with `Idempotency-Key: key` and a body
+/// whose fingerprint is `body`.
+fn keyed(command: Command, key: &str, body: &str) -> Command {
+    let key = Some(IdempotencyKey {
+        key: key.into(),
+        fingerprint: body.into(),
+    });
+    match command {
+        Command::Callback { callback, .. } => Command::Callback { callback, key },
+        Command::View { id, update, .. } => Command::View { id, update, key },
+        other => panic!("not a callback: {other:?}"),
+    }
+}
+
 fn result(id: &str, text: &str, subscription: bool) -> Command {
-    Command::Callback(Callback::ToolResult(ToolResult {
+    unkeyed(Callback::ToolResult(ToolResult {
         group_id: G.into(),
         id: id.into(),
         call_id: None,
@@ -98,7 +122,7 @@ fn result(id: &str, text: &str, subscription: bool) -> Command {
 }
 
 fn sub_event(id: &str, text: &str, is_final: bool) -> Command {
-    Command::Callback(Callback::SubscriptionEvent(SubscriptionEvent {
+    unkeyed(Callback::SubscriptionEvent(SubscriptionEvent {
         group_id: G.into(),
         tool_call_id: id.into(),
         text: text.into(),
@@ -109,7 +133,7 @@ fn sub_event(id: &str, text: &str, is_final: bool) -> Command {
 
 /// A tool's `user_choice` for call `id`.
 fn user_choice(id: &str) -> Command {
-    Command::Callback(Callback::UserChoice(ferry_proto::rap::UserChoice {
+    unkeyed(Callback::UserChoice(ferry_proto::rap::UserChoice {
         group_id: G.into(),
         id: id.into(),
         call_id: None,
@@ -121,7 +145,7 @@ fn user_choice(id: &str) -> Command {
 }
 
 fn oauth(id: &str, auth_url: &str) -> Command {
-    Command::Callback(Callback::OAuth(OAuth {
+    unkeyed(Callback::OAuth(OAuth {
         group_id: G.into(),
         id: id.into(),
         call_id: None,
@@ -297,7 +321,11 @@ fn a_cancelled_call_owes_its_tool_no_answer() {
 /// answers the prompt's default, and says so in `choice_made`.
 #[test]
 fn a_dismissed_prompt_answers_its_default() {
-    let Command::Callback(Callback::UserChoice(mut asked)) = user_choice("u") else {
+    let Command::Callback {
+        callback: Callback::UserChoice(mut asked),
+        ..
+    } = user_choice("u")
+    else {
         unreachable!("a user_choice")
     };
     asked.default = 1;
@@ -306,10 +334,7 @@ fn a_dismissed_prompt_answers_its_default() {
             Command::Submit(new_call("u", json!({}))),
             Ok(&["call_accepted"]),
         ),
-        (
-            Command::Callback(Callback::UserChoice(asked)),
-            Ok(&["user_choice"]),
-        ),
+        (unkeyed(Callback::UserChoice(asked)), Ok(&["user_choice"])),
     ]);
     let dismiss = Command::Choose {
         id: "u".into(),
@@ -798,6 +823,8 @@ fn the_fold_of_the_log_rebuilds_the_state() {
         },
         result("c", "sub", true),
         sub_event("c", "1", false),
+        keyed(sub_event("c", "2", false), "k1", "f1"),
+        keyed(view("c", "diff", json!({"n": 1})), "k2", "f2"),
         Command::CancelSubscription { id: "c".into() },
         Command::Close,
     ] {
@@ -812,8 +839,188 @@ fn the_fold_of_the_log_rebuilds_the_state() {
     assert!(matches!(log[0].kind, EventKind::CallAccepted { .. }));
     assert_eq!(
         log.iter().map(|e| e.seq).collect::<Vec<_>>(),
-        vec![1, 2, 3, 4, 5, 6]
+        vec![1, 2, 3, 4, 5, 6, 7, 8]
     );
+    // The keys are in the events, and the call's keys are their fold.
+    let carried: Vec<_> = log
+        .iter()
+        .filter_map(|e| e.idempotency_key.as_ref().map(|k| k.key.as_str()))
+        .collect();
+    assert_eq!(carried, ["k1", "k2"]);
+    assert_eq!(keys(&replayed, "c"), ["k1", "k2"]);
+}
+
+/// The keys call `id` remembers, oldest first.
+fn keys(state: &ThreadState, id: &str) -> Vec<String> {
+    state.calls[id]
+        .idempotency_keys
+        .iter()
+        .map(|k| k.key.clone())
+        .collect()
+}
+
+/// What `command` does to `state`, which it then changes.
+fn outcome(state: &mut ThreadState, command: &Command) -> Result<Outcome, Rejection> {
+    let decision = decide(state, command)?;
+    apply(state, "t", decision.changes);
+    Ok(decision.outcome)
+}
+
+/// RAP gives a `subscription_event` no id: without a key, an event the
+/// tool sends again (its answer lost) is a second event. Under the same
+/// `Idempotency-Key` it is the same event, answered `Duplicate`, whatever
+/// the call's state since (here, the subscription ended); another key is
+/// another event, even with the same text; the same key with another body
+/// is refused (the draft's 422).
+#[test]
+fn a_keyed_subscription_event_sent_again_is_recorded_once() {
+    let mut state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "watching", true), Ok(&["tool_result"])),
+    ]);
+    let tick = keyed(sub_event("c", "tick", false), "c/1", "f1");
+    state = check_more(
+        state,
+        vec![
+            (tick.clone(), Ok(&["subscription_event"])),
+            (tick.clone(), Ok(&[])),
+            (
+                keyed(sub_event("c", "tick", false), "c/2", "f2"),
+                Ok(&["subscription_event"]),
+            ),
+            (
+                keyed(sub_event("c", "tock", false), "c/1", "f3"),
+                Err(Rejection::KeyReused {
+                    id: "c".into(),
+                    key: "c/1".into(),
+                }),
+            ),
+            (sub_event("c", "tick", false), Ok(&["subscription_event"])),
+        ],
+    );
+    assert_eq!(outcome(&mut state, &tick), Ok(Outcome::Duplicate));
+    assert_eq!(state.calls["c"].subscription_events, 3);
+    assert_eq!(keys(&state, "c"), ["c/1", "c/2"]);
+    let last = keyed(sub_event("c", "done", true), "c/3", "f4");
+    state = check_more(state, vec![(last.clone(), Ok(&["subscription_event"]))]);
+    assert_eq!(status(&state, "c"), CallStatus::Completed);
+    assert_eq!(outcome(&mut state, &tick), Ok(Outcome::Duplicate));
+    assert_eq!(outcome(&mut state, &last), Ok(Outcome::Duplicate));
+    // A new key for the ended subscription is refused as before.
+    let late = keyed(sub_event("c", "late", false), "c/4", "f5");
+    check_more(
+        state,
+        vec![(late, Err(Rejection::SubscriptionGone("c".into())))],
+    );
+}
+
+/// A keyed callback that recorded nothing (refused, or a no-op) leaves no
+/// key: its repeat is decided again and answered the same way.
+#[test]
+fn a_callback_that_recorded_nothing_leaves_no_key() {
+    let tick = || keyed(sub_event("c", "tick", false), "k", "f");
+    let state = check(vec![
+        (tick(), Err(Rejection::UnknownCall("c".into()))),
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (Command::Cancel { id: "c".into() }, Ok(&["call_cancelled"])),
+        (tick(), Err(Rejection::SubscriptionGone("c".into()))),
+        (tick(), Err(Rejection::SubscriptionGone("c".into()))),
+        (keyed(result("c", "late", false), "r", "f"), Ok(&[])),
+    ]);
+    assert!(state.calls["c"].idempotency_keys.is_empty());
+}
+
+/// The keys live in the call's record, which every commit touching the
+/// call carries: it keeps the most recent 64, and a key older than those
+/// is decided again (here, recorded a second time).
+#[test]
+fn keys_past_the_bound_drop_the_oldest() {
+    let mut state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (result("c", "watching", true), Ok(&["tool_result"])),
+    ]);
+    let tick = |n: usize| {
+        keyed(
+            sub_event("c", &format!("{n}"), false),
+            &format!("k{n}"),
+            "f",
+        )
+    };
+    for n in 0..=MAX_IDEMPOTENCY_KEYS {
+        assert_eq!(outcome(&mut state, &tick(n)), Ok(Outcome::Applied));
+    }
+    let kept = keys(&state, "c");
+    assert_eq!(kept.len(), MAX_IDEMPOTENCY_KEYS);
+    assert_eq!(kept.first().map(String::as_str), Some("k1"));
+    assert_eq!(
+        kept.last().map(String::as_str),
+        Some(&*format!("k{MAX_IDEMPOTENCY_KEYS}"))
+    );
+    for n in 1..=MAX_IDEMPOTENCY_KEYS {
+        assert_eq!(
+            outcome(&mut state, &tick(n)),
+            Ok(Outcome::Duplicate),
+            "k{n}"
+        );
+    }
+    // Forgotten: recorded again, and now the newest (k1 the oldest to go).
+    assert_eq!(outcome(&mut state, &tick(0)), Ok(Outcome::Applied));
+    let kept = keys(&state, "c");
+    assert_eq!(kept.len(), MAX_IDEMPOTENCY_KEYS);
+    let newest = &kept[MAX_IDEMPOTENCY_KEYS - 1];
+    assert_eq!((kept[0].as_str(), newest.as_str()), ("k2", "k0"));
+    let events = MAX_IDEMPOTENCY_KEYS as u64 + 2;
+    assert_eq!(state.calls["c"].subscription_events, events);
+}
+
+/// Every callback that names a call (its token's, for a `view_update`)
+/// is deduped by its key: a repeated `oauth`, `user_choice` or
+/// `view_update` that the state alone would record again (an older view
+/// over a newer one, a prompt asked anew after another) is not; a
+/// `tool_result` was deduped by state already, and its key is checked
+/// first.
+#[test]
+fn every_callback_naming_a_call_is_deduped_by_its_key() {
+    let old_view = keyed(view("c", "diff", json!({"n": 1})), "v1", "a");
+    let ask = keyed(user_choice("c"), "ask", "b");
+    let auth = keyed(oauth("c", "http://tool/auth"), "auth", "c");
+    let done = keyed(result("c", "done", false), "done", "d");
+    let state = check(vec![
+        (
+            Command::Submit(new_call("c", json!({}))),
+            Ok(&["call_accepted"]),
+        ),
+        (old_view.clone(), Ok(&["view_update"])),
+        (
+            keyed(view("c", "diff", json!({"n": 2})), "v2", "e"),
+            Ok(&["view_update"]),
+        ),
+        (old_view.clone(), Ok(&[])),
+        (ask.clone(), Ok(&["user_choice"])),
+        (auth.clone(), Ok(&["oauth"])),
+        (ask.clone(), Ok(&[])),
+        (auth.clone(), Ok(&[])),
+        (done.clone(), Ok(&["tool_result"])),
+        (done.clone(), Ok(&[])),
+        (
+            keyed(result("c", "other", false), "done", "x"),
+            Err(Rejection::KeyReused {
+                id: "c".into(),
+                key: "done".into(),
+            }),
+        ),
+    ]);
+    assert_eq!(state.meta.views["diff"], json!({"n": 2}));
+    assert_eq!(keys(&state, "c"), ["v1", "v2", "ask", "auth", "done"]);
 }
 
 fn gated(id: &str, inherited: Option<(PermissionKind, &str)>) -> Command {
