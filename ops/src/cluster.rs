@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_runtime::bus::InTheLog;
+use ferry_runtime::cluster::mcp_sessions::SharedSessions;
 use ferry_runtime::cluster::stop::{Phase, Stop};
 use ferry_runtime::cluster::subjects::Layout;
 use ferry_runtime::cluster::{identity, pull, streams, worker};
@@ -277,6 +278,7 @@ async fn attach(
     events: Arc<ClientEvents>,
     store: Arc<Deferred>,
     engine: Arc<Engine>,
+    sessions: Arc<SharedSessions>,
 ) {
     let jetstream = loop {
         match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
@@ -302,6 +304,11 @@ async fn attach(
         }
     }
     store.set(jetstream.clone());
+    let js = async_nats::jetstream::new(client.clone());
+    while let Err(e) = sessions.attach(&js, options.cluster.replicas).await {
+        warn!(error = %e, "binding the MCP sessions bucket failed; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     loop {
         match follow_toolsets(&engine, &jetstream).await {
             Ok(()) => break,
@@ -341,12 +348,15 @@ pub async fn start_runtime(
         options.max_body_bytes,
     )?);
     ferry_runtime::metrics::describe();
+    // MCP sessions in JetStream KV: any node serves any session.
+    let sessions = Arc::new(SharedSessions::default());
     let attached = tokio::spawn(attach(
         options.clone(),
         client.clone(),
         events,
         store.clone(),
         engine.clone(),
+        sessions.clone(),
     ));
     // NATS reachable: serve once attached. Not reachable: serve anyway
     // after a while (503s, a /healthz that says why), and attach later.
@@ -370,7 +380,10 @@ pub async fn start_runtime(
         perform,
         &public_url,
         &options.oxp,
-        &options.mcp,
+        &ferry_runtime::mcp::McpConfig {
+            sessions,
+            ..options.mcp.clone()
+        },
         &options.api_tokens,
     ));
     let server = tokio::spawn(crate::serve::serve_http(

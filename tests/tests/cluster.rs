@@ -1247,6 +1247,114 @@ async fn mcp_and_oxp_calls_run_through_any_runtime_node() {
     answering.abort();
 }
 
+/// MCP 2025-11-25, "Session Management": "The server MAY terminate the
+/// session at any time, after which it MUST respond to requests containing
+/// that session ID with HTTP 404 Not Found." A session lives in JetStream
+/// KV: opened on node A, it is served by node B (its calls go to the
+/// session's thread); ended on B, it is ended on A too. While NATS is away
+/// a session cannot be opened or read: 503 with `Retry-After`, a JSON-RPC
+/// error, and the session is still there once NATS is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2025_mcp_session_opened_on_one_node_continues_on_another() {
+    let mut c = Cluster::start(1).await;
+    let answering = answer_everything(c.tool.clone(), vec![c.a.url.clone()]);
+    let init = json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                      "clientInfo": {"name": "cluster-test", "version": "1"}});
+    let (status, session, body) = mcp(&c.a.url, None, "initialize", init.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+
+    let (status, _, body) = mcp(&c.b.url, Some(&session), "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "op"),
+        "{body}"
+    );
+    let call = json!({"name": "op", "arguments": {}});
+    let (status, _, body) = mcp(&c.b.url, Some(&session), "tools/call", call.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["isError"], false, "{body}");
+    assert_eq!(
+        body["result"]["_meta"]["io.ferry/group_id"],
+        json!(session),
+        "{body}"
+    );
+
+    // Unknown ids, and ids no KV key can be, are 404 on every node.
+    for bad in ["mcp-0123", "mcp-a.b", "mcp-*", "mcp->"] {
+        let (status, _, body) = mcp(&c.b.url, Some(bad), "tools/list", json!({})).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_i64()),
+            (404, Some(-32001)),
+            "{bad}: {body}"
+        );
+    }
+
+    c.nats.kill9();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (headers, method) in [(None, "initialize"), (Some(&session), "tools/list")] {
+        let mut request = client
+            .post(format!("{}/mcp", c.a.url))
+            .header("accept", "application/json")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": init}));
+        if let Some(s) = headers {
+            request = request.header("mcp-session-id", s);
+        }
+        let sent = request.send().await.unwrap();
+        assert_eq!(sent.status().as_u16(), 503, "{method}");
+        assert_eq!(sent.headers()["retry-after"], "1", "{method}");
+        let body: Value = sent.json().await.unwrap();
+        assert_eq!(body["error"]["code"], -32603, "{method}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("retry"),
+            "{body}"
+        );
+    }
+    c.nats.restart().await;
+    eventually(
+        "the session, read again",
+        Duration::from_secs(30),
+        || async {
+            let (status, _, _) = mcp(&c.a.url, Some(&session), "tools/list", json!({})).await;
+            (status == 200).then_some(())
+        },
+    )
+    .await;
+
+    let end = |node: String| {
+        let (client, session) = (client.clone(), session.clone());
+        async move {
+            let sent = client
+                .delete(format!("{node}/mcp"))
+                .header("mcp-session-id", session)
+                .send()
+                .await
+                .unwrap();
+            sent.status().as_u16()
+        }
+    };
+    assert_eq!(end(c.b.url.clone()).await, 204);
+    let (status, _, body) = mcp(&c.a.url, Some(&session), "tools/call", call).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_i64()),
+        (404, Some(-32001)),
+        "{body}"
+    );
+    assert_eq!(end(c.a.url.clone()).await, 404, "ended already");
+    // The session's thread stays readable: one call, one result.
+    let events = c.a.api().events(&session, 0).await;
+    assert_eq!(
+        events.iter().filter(|e| e["type"] == "tool_result").count(),
+        1,
+        "{events:?}"
+    );
+    answering.abort();
+}
+
 /// MCP and OXP calls made before any worker runs are accepted by the node
 /// (decided and stored), and answered with the tool's result once a
 /// worker starts and dispatches them.

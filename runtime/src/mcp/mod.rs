@@ -12,6 +12,7 @@ mod cancel;
 mod jsonrpc;
 mod security;
 mod session;
+pub mod sessions;
 mod tasks;
 mod tools;
 
@@ -32,7 +33,8 @@ use tracing::{info_span, Instrument};
 use crate::engine::Engine;
 use crate::http::Perform;
 use jsonrpc::{Incoming, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND};
-use session::{Context, Sessions, HANDSHAKE_VERSIONS, SESSION_HEADER};
+use session::{Context, HANDSHAKE_VERSIONS, SESSION_HEADER};
+use sessions::Sessions;
 
 /// What `ferry serve` configures for `/mcp`.
 #[derive(Debug, Clone)]
@@ -49,6 +51,9 @@ pub struct McpConfig {
     /// is required instead (when there are any).
     pub api_tokens: crate::http::auth::ApiTokens,
     pub max_body_bytes: usize,
+    /// Where the 2025 revisions' sessions live: this process's memory,
+    /// or (a cluster) a store every node shares.
+    pub sessions: Arc<dyn Sessions>,
 }
 
 impl Default for McpConfig {
@@ -59,6 +64,7 @@ impl Default for McpConfig {
             bearer_token: None,
             api_tokens: Default::default(),
             max_body_bytes: 1 << 20,
+            sessions: Arc::new(sessions::InMemory::default()),
         }
     }
 }
@@ -68,7 +74,6 @@ struct Mcp {
     /// Where calls are submitted: the engine, detached from the client.
     perform: Arc<dyn Perform>,
     config: McpConfig,
-    sessions: Sessions,
     /// Session `tools/call`s a `notifications/cancelled` may still cancel.
     running: cancel::Running,
 }
@@ -79,7 +84,6 @@ pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: McpConfig)
         engine,
         perform,
         config,
-        sessions: Sessions::default(),
         running: cancel::Running::default(),
     });
     Router::new()
@@ -95,6 +99,11 @@ fn error_reply(id: &Value, error: &RpcError) -> Response {
         response
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
 }
@@ -127,30 +136,33 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         return receive_batch(&mcp, &headers, batch).await;
     }
     let incoming = Incoming::parse(&body);
+    // Looked up once: in a cluster, each lookup asks JetStream.
+    let named = session::in_session(&*mcp.config.sessions, &headers).await;
     if let (Ok(Incoming::Notification { .. } | Incoming::Response), Some(Err(e))) =
-        (&incoming, session::in_session(&mcp.sessions, &headers))
+        (&incoming, &named)
     {
         // A notification in a session that is gone is refused like a
         // request (404): the client learns it must initialize again.
-        return error_reply(&Value::Null, &e);
+        return error_reply(&Value::Null, e);
     }
     let (id, method, params) = match incoming {
         Err((id, e)) => return error_reply(&id, &e),
         Ok(Incoming::Notification { method, params }) => {
-            notified(&mcp, &headers, &method, &params).await;
+            let session = named.and_then(Result::ok);
+            notified(&mcp, session.as_ref(), &method, &params).await;
             return StatusCode::ACCEPTED.into_response();
         }
         Ok(Incoming::Response) => return StatusCode::ACCEPTED.into_response(),
         Ok(Incoming::Request { id, method, params }) => (id, method, params),
     };
-    let ctx = match session::in_session(&mcp.sessions, &headers) {
+    let ctx = match named {
         Some(Ok(_)) if method == "initialize" => {
             let e = RpcError::new(INVALID_REQUEST, "this session is already initialized");
             return error_reply(&id, &e);
         }
         Some(Ok(ctx)) => ctx,
         Some(Err(e)) => return error_reply(&id, &e),
-        None if method == "initialize" => return initialize(&mcp, &id, &params),
+        None if method == "initialize" => return initialize(&mcp, &id, &params).await,
         None if session::looks_modern(&method, &params, &headers) => {
             match session::stateless(&method, &params, &headers) {
                 Ok(ctx) => ctx,
@@ -218,7 +230,7 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
         let e = RpcError::transport(400, INVALID_REQUEST, format!("Invalid Request: {why}"));
         error_reply(&Value::Null, &e)
     };
-    let ctx = match session::in_session(&mcp.sessions, headers) {
+    let ctx = match session::in_session(&*mcp.config.sessions, headers).await {
         Some(Ok(ctx)) if ctx.version == session::BATCH_VERSION => ctx,
         Some(Err(e)) => return error_reply(&Value::Null, &e),
         _ => {
@@ -239,7 +251,7 @@ async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -
             match Incoming::from_value(message) {
                 Err((id, e)) => Some(jsonrpc::error_response(&id, &e)),
                 Ok(Incoming::Notification { method, params }) => {
-                    notified(mcp, headers, &method, &params).await;
+                    notified(mcp, Some(ctx), &method, &params).await;
                     None
                 }
                 Ok(Incoming::Response) => None,
@@ -309,7 +321,7 @@ const INSTRUCTIONS: &str = "Tools run through Ferry, a durable tool runtime: eve
 /// The 2025 handshake: negotiates the revision and opens a session. Its
 /// params are what every revision's schema requires of them; without them
 /// no session opens.
-fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
+async fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
     let requested = params.get("protocolVersion").and_then(Value::as_str);
     let object = |key: &str| params.get(key).is_some_and(Value::is_object);
     if requested.is_none() || !object("capabilities") || !object("clientInfo") {
@@ -320,7 +332,10 @@ fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
         return error_reply(id, &e);
     }
     let version = session::negotiate(requested);
-    let session = mcp.sessions.open(version);
+    let session = match mcp.config.sessions.open(version).await {
+        Ok(session) => session,
+        Err(e) => return error_reply(id, &session::unavailable(&e)),
+    };
     tracing::info!(session = %session, version, "MCP session opened");
     let result = json!({
         "protocolVersion": version,
@@ -338,17 +353,17 @@ fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
 /// Takes a notification: `notifications/cancelled` in a session cancels
 /// the call it names; the rest (`notifications/initialized`, …) need
 /// nothing.
-async fn notified(mcp: &Mcp, headers: &HeaderMap, method: &str, params: &Map<String, Value>) {
+async fn notified(mcp: &Mcp, ctx: Option<&Context>, method: &str, params: &Map<String, Value>) {
     tracing::debug!(?method, "MCP notification");
     if method != "notifications/cancelled" {
         return;
     }
-    if let Some(Ok(Context {
+    if let Some(Context {
         session: Some(session),
         ..
-    })) = session::in_session(&mcp.sessions, headers)
+    }) = ctx
     {
-        mcp.running.cancelled(&*mcp.perform, &session, params).await;
+        mcp.running.cancelled(&*mcp.perform, session, params).await;
     }
 }
 
@@ -516,11 +531,15 @@ async fn end_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Respons
         );
         return error_reply(&Value::Null, &e);
     };
-    if mcp.sessions.close(id) {
-        tracing::info!(session = id, "MCP session ended");
-        StatusCode::NO_CONTENT.into_response()
-    } else {
-        let e = RpcError::transport(404, jsonrpc::SESSION_NOT_FOUND, "Session not found");
-        error_reply(&Value::Null, &e)
+    match mcp.config.sessions.close(id).await {
+        Ok(true) => {
+            tracing::info!(session = id, "MCP session ended");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(false) => {
+            let e = RpcError::transport(404, jsonrpc::SESSION_NOT_FOUND, "Session not found");
+            error_reply(&Value::Null, &e)
+        }
+        Err(e) => error_reply(&Value::Null, &session::unavailable(&e)),
     }
 }

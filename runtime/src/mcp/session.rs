@@ -2,18 +2,14 @@
 //! `initialize` handshake (2025 revisions, `Mcp-Session-Id`), or the
 //! stateless 2026-07-28 envelope carried by each request's `_meta`.
 
-use std::num::NonZeroUsize;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
 use axum::http::HeaderMap;
-use lru::LruCache;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{
-    RpcError, HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, SESSION_NOT_FOUND,
+    RpcError, HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, SESSION_NOT_FOUND,
     UNSUPPORTED_PROTOCOL_VERSION,
 };
+use super::sessions::Sessions;
 
 /// The revisions reachable through `initialize`, newest first.
 pub const HANDSHAKE_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -68,83 +64,26 @@ impl Context {
     }
 }
 
-/// A session idle this long is forgotten (clients rarely send `DELETE`);
-/// its client gets 404 and initializes again.
-const IDLE: Duration = Duration::from_secs(24 * 3600);
-
-/// Sessions kept at most. Past it, opening one forgets the least recently
-/// used, whose client gets 404 and initializes again as the spec tells it
-/// to: a flood of `initialize` costs bounded memory and constant time.
-const MAX_SESSIONS: usize = 10_000;
-
-/// Live sessions, in memory: after a restart a client's session id is
-/// answered 404 and the client initializes again (the thread a session
-/// used stays readable under its id).
-pub struct Sessions {
-    /// Session id → (revision, last use), least recently used first out.
-    live: Mutex<LruCache<String, (String, Instant)>>,
-    idle: Duration,
-}
-
-impl Default for Sessions {
-    fn default() -> Self {
-        Self::with_limits(MAX_SESSIONS, IDLE)
-    }
-}
-
-impl Sessions {
-    fn with_limits(max: usize, idle: Duration) -> Self {
-        let max = NonZeroUsize::new(max.max(1)).expect("not zero");
-        Self {
-            live: Mutex::new(LruCache::new(max)),
-            idle,
-        }
-    }
-
-    /// Opens a session under `version`; its id is also its thread's
-    /// `group_id`.
-    pub fn open(&self, version: &str) -> String {
-        let id = format!("mcp-{}", uuid::Uuid::new_v4().simple());
-        self.lock()
-            .put(id.clone(), (version.to_owned(), Instant::now()));
-        id
-    }
-
-    pub fn close(&self, id: &str) -> bool {
-        self.lock().pop(id).is_some()
-    }
-
-    /// The session's revision, marking it used; `None` for one unknown,
-    /// closed, pushed out or idle too long.
-    pub fn version(&self, id: &str) -> Option<String> {
-        let mut live = self.lock();
-        let (version, used) = live.get_mut(id)?;
-        if used.elapsed() >= self.idle {
-            live.pop(id);
-            return None;
-        }
-        *used = Instant::now();
-        Some(version.clone())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, (String, Instant)>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// The session a request names, if it names one.
-pub fn in_session(sessions: &Sessions, headers: &HeaderMap) -> Option<Result<Context, RpcError>> {
+pub async fn in_session(
+    sessions: &dyn Sessions,
+    headers: &HeaderMap,
+) -> Option<Result<Context, RpcError>> {
     let id = header(headers, SESSION_HEADER)?;
-    let Some(version) = sessions.version(id) else {
-        return Some(Err(RpcError::transport(
-            404,
-            SESSION_NOT_FOUND,
-            "Session not found: initialize again",
-        )));
+    let version = match sessions.version(id).await {
+        Ok(Some(version)) => version,
+        Ok(None) => {
+            return Some(Err(RpcError::transport(
+                404,
+                SESSION_NOT_FOUND,
+                "Session not found: initialize again",
+            )))
+        }
+        Err(e) => return Some(Err(unavailable(&e))),
     };
     if let Some(asked) = header(headers, PROTOCOL_VERSION_HEADER) {
         if !HANDSHAKE_VERSIONS.contains(&asked) {
@@ -159,6 +98,16 @@ pub fn in_session(sessions: &Sessions, headers: &HeaderMap) -> Option<Result<Con
         version,
         session: Some(id.to_owned()),
     }))
+}
+
+/// The answer while sessions cannot be read or written (a cluster node
+/// without NATS): 503, and the same request may be sent again.
+pub fn unavailable(e: &super::sessions::Unavailable) -> RpcError {
+    RpcError::transport(
+        503,
+        INTERNAL_ERROR,
+        format!("{e}; nothing changed, retry the same request"),
+    )
 }
 
 /// Whether a session-less request speaks the stateless revision: it carries
@@ -267,28 +216,6 @@ fn decode_header_value(value: &str) -> Option<String> {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-
-    #[test]
-    fn sessions_past_the_limit_push_out_the_least_recently_used() {
-        let sessions = Sessions::with_limits(2, IDLE);
-        let (a, b) = (sessions.open("2025-11-25"), sessions.open("2025-06-18"));
-        assert_eq!(sessions.version(&a).as_deref(), Some("2025-11-25"));
-        let c = sessions.open("2025-03-26");
-        assert_eq!(sessions.version(&b), None, "b was used least recently");
-        assert_eq!(sessions.version(&a).as_deref(), Some("2025-11-25"));
-        assert_eq!(sessions.version(&c).as_deref(), Some("2025-03-26"));
-        assert!(sessions.close(&c));
-        assert!(!sessions.close(&c));
-        assert_eq!(sessions.version(&c), None);
-    }
-
-    #[test]
-    fn an_idle_session_is_forgotten() {
-        let sessions = Sessions::with_limits(2, Duration::ZERO);
-        let a = sessions.open("2025-11-25");
-        assert_eq!(sessions.version(&a), None);
-        assert!(!sessions.close(&a), "forgotten, not only refused");
-    }
 
     #[test]
     fn initialize_negotiates_down_to_known_revisions() {
