@@ -1495,6 +1495,55 @@ async fn an_acp_answer_refused_while_nats_is_down_is_applied_when_sent_again() {
     assert_eq!(decided["payload"]["reviewer"], "acp", "{decided}");
 }
 
+/// ACP through either node: the permission request of a call submitted on
+/// node A reaches an ACP client following the thread on node B; its
+/// answer, posted to B, is decided once and the call runs; the same answer
+/// sent to A afterwards is 409, as on one process.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acp_permission_asked_through_one_node_is_answered_through_the_other() {
+    let nats = Nats::start().await;
+    let tool = Arc::new(
+        TestTool::with_manifest(json!({"name": "t", "tools": [{
+            "name": "op", "description": "destructive: gated",
+            "inputSchema": ferry_tests::tool::text_schema(),
+            "annotations": {"destructive": true},
+        }]}))
+        .await,
+    );
+    let a = node_with(&nats, &tool, &[]).await;
+    let b = Ferry::start(FerryOptions::runtime(&nats.url())).await;
+    let _worker = FerryWorker::start(&nats.url(), &a.url).await;
+    let answering = answer_everything(tool.clone(), vec![a.url.clone(), b.url.clone()]);
+    let (api_a, api_b) = (a.api(), b.api());
+    let mut stream =
+        ferry_tests::sse::SseReader::open(&api_b, "/v1/threads/g-acp2/acp", None).await;
+    let (status, body) = api_a
+        .submit(json!({"operation": "op", "arguments": {}, "group_id": "g-acp2", "id": "c"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let asked = loop {
+        let event = stream.next().await;
+        if event.data["method"] == "session/request_permission" {
+            break event.data;
+        }
+    };
+    assert_eq!(asked["params"]["toolCall"]["toolCallId"], "c", "{asked}");
+    let answer = json!({"jsonrpc": "2.0", "id": asked["id"],
+                        "result": {"outcome": {"outcome": "selected", "optionId": "allow_once"}}});
+    let (status, body) = api_b.post("/v1/threads/g-acp2/acp", &answer).await;
+    assert_eq!(status, 202, "{body}");
+    let done = api_a.wait_for("g-acp2", "c", "tool_result").await;
+    assert_eq!(done["payload"]["text"], "c", "{done}");
+    let (status, body) = api_a.post("/v1/threads/g-acp2/acp", &answer).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(api_b.count("g-acp2", "c", "approval_decided").await, 1);
+    assert_eq!(
+        api_a.events("g-acp2", 0).await,
+        api_b.events("g-acp2", 0).await
+    );
+    answering.abort();
+}
+
 /// Registers the toolset at `url` (named `name`) on node `a` and waits
 /// until node `b` serves it too.
 async fn registered_on_both(a: &Api, b: &Api, url: &str, name: &str) {
