@@ -8,6 +8,7 @@ mod api_tokens;
 mod approvals;
 mod callbacks;
 mod calls;
+mod chaos;
 mod choices;
 mod cluster;
 mod dashboard;
