@@ -29,6 +29,14 @@ const THREADS: usize = 16;
 const CALLS: usize = 3;
 const EVENTS: usize = 10;
 
+/// Writes a line to stderr past the test harness's capture (which keeps
+/// only a failing test's output), so that CI's log shows the run's figures
+/// when it passes too.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// A small deterministic generator (xorshift64*): the run's seed is
 /// printed, so a failing schedule can be looked at again.
 struct Dice(u64);
@@ -40,7 +48,7 @@ impl Dice {
             .unwrap()
             .as_nanos() as u64
             | 1;
-        eprintln!("chaos: seed {seed}");
+        say(&format!("chaos: seed {seed}"));
         Dice(seed)
     }
 
@@ -483,7 +491,7 @@ async fn a_cluster_killed_process_by_process_loses_and_repeats_nothing() {
     for (g, ea, eb) in &logs {
         audit(g, ea, eb, &ledger, &mut found);
     }
-    eprintln!(
+    say(&format!(
         "chaos: {:.0} s; acknowledged: {} calls, {} subscription events, {} decisions; \
          {} copies sent again, {} retries; kills: {} nodes, {} workers, {} NATS; \
          lost {}, duplicated {}, stuck {}, gaps {}, nodes differing {}, refused {}; settled: {all_in}",
@@ -502,7 +510,7 @@ async fn a_cluster_killed_process_by_process_loses_and_repeats_nothing() {
         found.gaps.len(),
         found.differ.len(),
         ledger.refused.len(),
-    );
+    ));
     assert!(ledger.refused.is_empty(), "{:?}", ledger.refused);
     assert!(
         found.lost.is_empty()
