@@ -1454,20 +1454,23 @@ async fn an_oxp_call_made_while_nats_is_down_answers_a_retry_once_it_is_back() {
     answering.abort();
 }
 
+/// A tool server whose one tool, `op`, is destructive: gated.
+async fn gated_tool() -> TestTool {
+    TestTool::with_manifest(json!({"name": "t", "tools": [{
+        "name": "op", "description": "destructive: gated",
+        "inputSchema": ferry_tests::tool::text_schema(),
+        "annotations": {"destructive": true},
+    }]}))
+    .await
+}
+
 /// An ACP permission answer is decided like a native one: with NATS down
 /// it is refused (503, a JSON-RPC error) and changes nothing; the same
 /// answer once NATS is back is applied, and the gated call runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acp_answer_refused_while_nats_is_down_is_applied_when_sent_again() {
     let mut nats = Nats::start().await;
-    let tool = Arc::new(
-        TestTool::with_manifest(json!({"name": "t", "tools": [{
-            "name": "op", "description": "destructive: gated",
-            "inputSchema": ferry_tests::tool::text_schema(),
-            "annotations": {"destructive": true},
-        }]}))
-        .await,
-    );
+    let tool = Arc::new(gated_tool().await);
     let a = node_with(&nats, &tool, &[]).await;
     let _worker = FerryWorker::start(&nats.url(), &a.url).await;
     let api = a.api();
@@ -1502,14 +1505,7 @@ async fn an_acp_answer_refused_while_nats_is_down_is_applied_when_sent_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acp_permission_asked_through_one_node_is_answered_through_the_other() {
     let nats = Nats::start().await;
-    let tool = Arc::new(
-        TestTool::with_manifest(json!({"name": "t", "tools": [{
-            "name": "op", "description": "destructive: gated",
-            "inputSchema": ferry_tests::tool::text_schema(),
-            "annotations": {"destructive": true},
-        }]}))
-        .await,
-    );
+    let tool = Arc::new(gated_tool().await);
     let a = node_with(&nats, &tool, &[]).await;
     let b = Ferry::start(FerryOptions::runtime(&nats.url())).await;
     let _worker = FerryWorker::start(&nats.url(), &a.url).await;

@@ -88,6 +88,19 @@ impl SharedSessions {
             .ok_or_else(|| Unavailable("this node is not attached to NATS yet".into()))
     }
 
+    /// The session's entry while it is open; `None` for an id no key can
+    /// be (never asked of NATS), one never opened, ended or expired.
+    async fn live(&self, id: &str) -> Result<Option<(&kv::Store, kv::Entry)>, Unavailable> {
+        if !valid_key(id) {
+            return Ok(None);
+        }
+        let bucket = self.bucket()?;
+        let entry = bucket.entry(id).await.map_err(unavailable)?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .map(|e| (bucket, e)))
+    }
+
     /// Whether this node rewrote `id` within the last [`REFRESH`]; marks it
     /// rewritten now when not.
     fn due(&self, id: &str) -> bool {
@@ -129,16 +142,9 @@ impl Sessions for SharedSessions {
     }
 
     async fn version(&self, id: &str) -> Result<Option<String>, Unavailable> {
-        if !valid_key(id) {
-            return Ok(None);
-        }
-        let bucket = self.bucket()?;
-        let Some(entry) = bucket.entry(id).await.map_err(unavailable)? else {
+        let Some((bucket, entry)) = self.live(id).await? else {
             return Ok(None);
         };
-        if entry.operation != kv::Operation::Put {
-            return Ok(None);
-        }
         let Ok(version) = String::from_utf8(entry.value.to_vec()) else {
             return Ok(None);
         };
@@ -154,16 +160,9 @@ impl Sessions for SharedSessions {
     }
 
     async fn close(&self, id: &str) -> Result<bool, Unavailable> {
-        if !valid_key(id) {
-            return Ok(false);
-        }
-        let bucket = self.bucket()?;
-        let Some(entry) = bucket.entry(id).await.map_err(unavailable)? else {
+        let Some((bucket, _)) = self.live(id).await? else {
             return Ok(false);
         };
-        if entry.operation != kv::Operation::Put {
-            return Ok(false);
-        }
         bucket.delete(id).await.map_err(unavailable)?;
         self.refreshed
             .lock()
