@@ -296,12 +296,18 @@ impl Engine {
         in_turn: bool,
     ) -> Result<Executed, Error> {
         let at = now();
+        // The first attempt decides on the store's last known commit of
+        // the thread; a decision that writes nothing is then made again
+        // on the tip (the compare-and-set guards only writes).
+        let mut optimistic = true;
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
             let turn = in_turn.then(|| self.turns.take(group_id));
             let acks = self.acks.take(group_id);
-            let mut state = match self.load_for(group_id, command, &acks).await {
-                Ok(state) => state,
+            let loaded = self.load_for(group_id, command, &acks, optimistic).await;
+            optimistic = false;
+            let (mut state, maybe_stale) = match loaded {
+                Ok(loaded) => loaded,
                 Err(e) => {
                     self.acks.restore(group_id, acks, self.store.hold_back());
                     return Err(e);
@@ -323,6 +329,11 @@ impl Engine {
             };
             if let Ok(decision) = &decided {
                 events.extend(thread::apply(&mut state, &at, decision.changes.clone()));
+            }
+            if events.is_empty() && maybe_stale {
+                drop(guard);
+                self.acks.restore(group_id, acks, self.store.hold_back());
+                continue;
             }
             if events.is_empty() {
                 drop(guard);
@@ -428,10 +439,15 @@ impl Engine {
         group_id: &str,
         command: Option<&Command>,
         acks: &[acks::Ack],
-    ) -> Result<ThreadState, Error> {
+        optimistic: bool,
+    ) -> Result<(ThreadState, bool), Error> {
         let mut named = command.map(Command::call_ids).unwrap_or_default();
         named.extend(acks.iter().map(|a| a.id.as_str()));
-        let mut state = self.store.load(group_id, &named).await?;
+        let (mut state, mut maybe_stale) = if optimistic {
+            self.store.load_optimistic(group_id, &named).await?
+        } else {
+            (self.store.load(group_id, &named).await?, false)
+        };
         let mut loads = 1;
         while command.is_some_and(Command::reads_unsettled_calls) {
             let unsettled: Vec<String> = state.meta.unsettled.iter().cloned().collect();
@@ -447,9 +463,10 @@ impl Engine {
                 .chain(unsettled.iter().map(String::as_str))
                 .collect();
             state = self.store.load(group_id, &ids).await?;
+            maybe_stale = false;
             loads += 1;
         }
-        Ok(state)
+        Ok((state, maybe_stale))
     }
 
     /// Returns once the thread's state up to `seq` is durable, including a

@@ -57,6 +57,14 @@ impl Store for Deferred {
         self.get()?.load(group_id, call_ids).await
     }
 
+    async fn load_optimistic(
+        &self,
+        group_id: &str,
+        call_ids: &[&str],
+    ) -> Result<(ThreadState, bool), Error> {
+        self.get()?.load_optimistic(group_id, call_ids).await
+    }
+
     fn writable(&self) -> Result<(), Error> {
         self.get()?.writable()
     }

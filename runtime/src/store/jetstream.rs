@@ -103,9 +103,11 @@ pub struct JetStreamStore {
     /// Per thread, commits already seen: event sequence → stream sequence
     /// of the commit ending there. Lets readers start mid-log.
     positions: Mutex<HashMap<String, std::collections::BTreeMap<u64, u64>>>,
-    /// The last commit `load` read, per thread, for the `write` that follows
-    /// it under the engine's thread lock: the write needs that commit (its
-    /// stream sequence, its calls) and need not fetch it again.
+    /// The last commit this process read or appended, per thread: the
+    /// `write` that follows a load needs that commit (its stream sequence,
+    /// its calls) and need not fetch it again, and `load_optimistic`
+    /// decides on it without reading the tip (the compare-and-set refuses
+    /// a stale one). A republish of a later commit forgets it.
     loaded: Mutex<HashMap<String, Arc<Last>>>,
     toolsets_changed: watch::Sender<u64>,
     /// Reads of a subject's last message, as commands and watchers need
@@ -243,7 +245,7 @@ impl JetStreamStore {
             .subscribe(self.layout.all_logged())
             .await
             .map_err(backend)?;
-        let tips = Arc::downgrade(&self.tips);
+        let (tips, store) = (Arc::downgrade(&self.tips), Arc::downgrade(self));
         tokio::spawn(async move {
             while let Some(message) = commits.next().await {
                 let Some(tips) = tips.upgrade() else { return };
@@ -255,6 +257,9 @@ impl JetStreamStore {
                 let group_id = subjects::group_of(&message.subject);
                 if let (Some(seq), Some(group_id)) = (seq, group_id) {
                     advance(&tips, &group_id, seq);
+                    if let Some(store) = store.upgrade() {
+                        store.forget_before(&group_id, seq);
+                    }
                 }
             }
         });
@@ -332,6 +337,47 @@ impl JetStreamStore {
             }
         });
         Ok(())
+    }
+
+    /// Forgets the thread's last known commit when another process
+    /// appended after it: the next command reads the tip at once instead
+    /// of losing a compare-and-set first.
+    fn forget_before(&self, group_id: &str, seq: u64) {
+        let mut loaded = self.loaded.lock().expect("loaded lock");
+        if loaded
+            .get(group_id)
+            .is_some_and(|last| last.commit.meta.last_seq < seq)
+        {
+            loaded.remove(group_id);
+        }
+    }
+
+    /// The thread's state as of commit `last` (none: a new thread), with
+    /// the calls named; `last` is kept for the write that follows.
+    async fn state_at(
+        &self,
+        group_id: &str,
+        call_ids: &[&str],
+        last: Option<Arc<Last>>,
+    ) -> Result<ThreadState, Error> {
+        let mut state = ThreadState::new(group_id);
+        if let Some(last) = &last {
+            state.meta = last.commit.meta.clone();
+        }
+        for id in call_ids {
+            if let Some(call) = self.current_call(group_id, id, last.as_deref()).await? {
+                state.calls.insert((*id).to_owned(), call);
+            }
+        }
+        let mut loaded = self.loaded.lock().expect("loaded lock");
+        if loaded.len() > 10_000 {
+            loaded.clear();
+        }
+        match last {
+            Some(last) => loaded.insert(group_id.to_owned(), last),
+            None => loaded.remove(group_id),
+        };
+        Ok(state)
     }
 
     async fn last(&self, group_id: &str) -> Result<Option<Last>, Error> {
@@ -435,7 +481,12 @@ impl JetStreamStore {
         }
     }
 
-    async fn publish(&self, subject: String, headers: HeaderMap, body: Bytes) -> Result<(), Error> {
+    async fn publish(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<u64, Error> {
         publish(&self.js, subject, headers, body).await
     }
 
@@ -467,7 +518,7 @@ async fn publish(
     subject: String,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<(), Error> {
+) -> Result<u64, Error> {
     connected(js)?;
     let ack = js
         .publish_with_headers(subject.clone(), headers, body)
@@ -480,7 +531,7 @@ async fn publish(
             _ => backend(e),
         })?;
     match ack.await {
-        Ok(_) => Ok(()),
+        Ok(ack) => Ok(ack.sequence),
         Err(e) if lost_race(&e) => Err(Error::Conflict(subject)),
         Err(e) => Err(backend(e)),
     }
@@ -532,7 +583,7 @@ impl Copier {
                 expected.to_string().as_str(),
             );
             match publish(&self.js, subject.clone(), headers, body.clone()).await {
-                Ok(()) => break,
+                Ok(_) => break,
                 // Copies racing without end: give up like a lost commit
                 // race, and let the command be decided again.
                 Err(e @ Error::Conflict(_)) if attempt >= COPY_ATTEMPTS => return Err(e),
@@ -712,24 +763,27 @@ fn advance(tips: &Tips, group_id: &str, seq: u64) {
 impl Store for JetStreamStore {
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error> {
         let last = self.last(group_id).await?.map(Arc::new);
-        let mut state = ThreadState::new(group_id);
-        if let Some(last) = &last {
-            state.meta = last.commit.meta.clone();
+        self.state_at(group_id, call_ids, last).await
+    }
+
+    /// From the commit this process wrote or read last for the thread,
+    /// when it has one: the write's compare-and-set refuses a decision on
+    /// it if another process appended since.
+    async fn load_optimistic(
+        &self,
+        group_id: &str,
+        call_ids: &[&str],
+    ) -> Result<(ThreadState, bool), Error> {
+        let known = self
+            .loaded
+            .lock()
+            .expect("loaded lock")
+            .get(group_id)
+            .cloned();
+        match known {
+            Some(last) => Ok((self.state_at(group_id, call_ids, Some(last)).await?, true)),
+            None => Ok((self.load(group_id, call_ids).await?, false)),
         }
-        for id in call_ids {
-            if let Some(call) = self.current_call(group_id, id, last.as_deref()).await? {
-                state.calls.insert((*id).to_owned(), call);
-            }
-        }
-        let mut loaded = self.loaded.lock().expect("loaded lock");
-        if loaded.len() > 10_000 {
-            loaded.clear();
-        }
-        match last {
-            Some(last) => loaded.insert(group_id.to_owned(), last),
-            None => loaded.remove(group_id),
-        };
-        Ok(state)
     }
 
     async fn write(&self, write: Write<'_>) -> Result<(), Error> {
@@ -769,10 +823,16 @@ impl Store for JetStreamStore {
         let subject = self
             .layout
             .commit(group_id, commit.dispatches().next().is_some());
-        self.publish(subject, headers, body.into()).await?;
+        let stream_seq = self.publish(subject, headers, body.into()).await?;
         self.copy_settled(group_id, &write.state.calls, commit.meta.last_seq);
-        debug!(group_id, last_seq = commit.meta.last_seq, "commit appended");
-        advance(&self.tips, group_id, commit.meta.last_seq);
+        let last_seq = commit.meta.last_seq;
+        self.remember(group_id, last_seq, stream_seq);
+        self.loaded
+            .lock()
+            .expect("loaded lock")
+            .insert(group_id.to_owned(), Arc::new(Last { stream_seq, commit }));
+        debug!(group_id, last_seq, "commit appended");
+        advance(&self.tips, group_id, last_seq);
         Ok(())
     }
 

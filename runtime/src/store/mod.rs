@@ -141,10 +141,24 @@ pub trait Store: Send + Sync + 'static {
     /// a command about to write: the engine calls it under its lock on the
     /// thread, and the sled store caches what it loads on that ground.
     /// (One load runs outside the lock, only with the JetStream store:
-    /// `close_thread`'s one-call-at-a-time fallback. That store keeps a
-    /// load only for the write that follows, which checks it against
+    /// `close_thread`'s one-call-at-a-time fallback. That store keeps the
+    /// last commit for the writes that follow, each checked against
     /// `last_seq` and the compare-and-set.)
     async fn load(&self, group_id: &str, call_ids: &[&str]) -> Result<ThreadState, Error>;
+
+    /// Like [`Store::load`], but the store may answer from the last commit
+    /// of the thread it wrote or read itself, without reading the tip: a
+    /// write decided on it is refused (`Conflict`) if the tip moved since,
+    /// and the caller must decide again on [`Store::load`] anything that
+    /// writes nothing (a refusal, a duplicate), which rests on the tip.
+    /// The flag says whether it did answer so (else the state is the tip).
+    async fn load_optimistic(
+        &self,
+        group_id: &str,
+        call_ids: &[&str],
+    ) -> Result<(ThreadState, bool), Error> {
+        Ok((self.load(group_id, call_ids).await?, false))
+    }
 
     /// Appends events and writes the state they fold into, atomically. Not
     /// durable until [`Store::flush`] returns.
