@@ -132,6 +132,17 @@ impl Api {
         body["events"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The value at `pointer` (a JSON pointer, `/payload/text` say) of
+    /// each of the thread's events of type `kind`, in order.
+    pub async fn fields(&self, group_id: &str, kind: &str, pointer: &str) -> Vec<Value> {
+        self.events(group_id, 0)
+            .await
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e.pointer(pointer).cloned().unwrap_or(Value::Null))
+            .collect()
+    }
+
     /// The types of the thread's events, in order.
     pub async fn types(&self, group_id: &str) -> Vec<String> {
         self.events(group_id, 0)

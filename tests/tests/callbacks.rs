@@ -270,13 +270,7 @@ async fn a_subscription_event_that_overtakes_its_result_is_kept() {
         api.post(&url, &event("g", "sub", "second", false)).await.0,
         200
     );
-    let texts: Vec<Value> = api
-        .events("g", 0)
-        .await
-        .into_iter()
-        .filter(|e| e["type"] == "subscription_event")
-        .map(|e| e["payload"]["text"].clone())
-        .collect();
+    let texts = api.fields("g", "subscription_event", "/payload/text").await;
     assert_eq!(texts, vec![json!("early bird"), json!("second")]);
     let (_, call) = api.call("g", "sub").await;
     assert_eq!(call["status"], "subscribed");
@@ -873,13 +867,9 @@ async fn a_keyed_subscription_event_posted_twice_is_recorded_once() {
     );
     assert_eq!(api.count("g", "sub", "subscription_event").await, 2);
     assert_eq!(api.call("g", "sub").await.1["subscription"]["events"], 2);
-    let keys: Vec<Value> = api
-        .events("g", 0)
-        .await
-        .into_iter()
-        .filter(|e| e["type"] == "subscription_event")
-        .map(|e| e["idempotency_key"]["key"].clone())
-        .collect();
+    let keys = api
+        .fields("g", "subscription_event", "/idempotency_key/key")
+        .await;
     assert_eq!(keys, [json!("sub/1"), json!("sub/2")]);
 
     // The keys are in the log: after a kill -9 the repeat is still one.

@@ -183,13 +183,9 @@ async fn a_keyed_subscription_event_sent_to_two_nodes_is_recorded_once() {
     );
     for node in [&a, &b] {
         assert_eq!(node.count("g", "s", "subscription_event").await, 2);
-        let keys: Vec<Value> = node
-            .events("g", 0)
-            .await
-            .into_iter()
-            .filter(|e| e["type"] == "subscription_event")
-            .map(|e| e["idempotency_key"]["key"].clone())
-            .collect();
+        let keys = node
+            .fields("g", "subscription_event", "/idempotency_key/key")
+            .await;
         assert_eq!(
             keys,
             [
@@ -541,13 +537,7 @@ async fn subscriptions_overtaking_results_and_cancel_across_nodes() {
     assert_eq!(status, 200, "{body}");
     let (_, thread) = b.thread("g").await;
     assert_eq!(thread["active_subscriptions"], json!(["s"]), "{thread}");
-    let texts: Vec<Value> = a
-        .events("g", 0)
-        .await
-        .iter()
-        .filter(|e| e["type"] == "subscription_event")
-        .map(|e| e["payload"]["text"].clone())
-        .collect();
+    let texts = a.fields("g", "subscription_event", "/payload/text").await;
     assert_eq!(texts, [json!("early"), json!("second")]);
     // Cancelled through A: every node answers later events 410.
     let (status, body) = a.delete("/v1/threads/g/subscriptions/s").await;
