@@ -655,7 +655,7 @@ async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
     assert_eq!(right.status, 200, "{}", right.body);
 }
 
-/// README, API tokens: without a token of its own, `/mcp` asks for one
+/// docs/api.md, API tokens: without a token of its own, `/mcp` asks for one
 /// of the native API's `--api-token`s, so that setting them leaves no
 /// way around them (a review ran a tool through `/mcp` without any).
 #[tokio::test]
@@ -679,7 +679,7 @@ async fn without_its_own_token_mcp_asks_for_an_api_token() {
     assert_eq!(right.status, 200, "{}", right.body);
 }
 
-/// README, MCP security: a `Host` or `Origin` of the public URL is
+/// docs/mcp.md, security: a `Host` or `Origin` of the public URL is
 /// Ferry's own, not a rebinding; another site's origin still gets 403.
 #[tokio::test]
 async fn the_public_urls_host_and_origin_are_accepted() {
@@ -1125,7 +1125,7 @@ async fn a_2025_03_26_session_takes_json_rpc_batches() {
 /// cancels the durable call behind its `tools/call` (the tool is told with
 /// `/cancel_tool_call`); references to other requests, other sessions' or
 /// malformed ones change nothing.
-/// README, MCP: "A client that sets `_meta[\"io.ferry/id\"]` itself can
+/// docs/mcp.md: "A client that sets `_meta[\"io.ferry/id\"]` itself can
 /// retry: the same id and arguments attach to the same call (one
 /// dispatch)". A retry usually comes from a new session (the old one died
 /// with its connection, or Ferry restarted and answers it 404).
