@@ -5,15 +5,12 @@
 pub mod acp;
 pub mod bus;
 pub mod cluster;
-mod digest;
 pub mod engine;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
 pub mod oxp;
 pub mod store;
-pub mod thread;
-pub mod token;
-pub mod toolsets;
 
 pub use engine::{Config, Engine};
+pub use ferry_core::{digest, thread, token, toolsets};

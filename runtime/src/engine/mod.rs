@@ -11,6 +11,7 @@ mod approvals;
 mod callbacks;
 pub mod calls;
 mod choices;
+mod discovery;
 mod health;
 mod outcomes;
 pub(crate) mod reads;

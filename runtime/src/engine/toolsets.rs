@@ -6,9 +6,10 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::info;
 
+use super::discovery::fetch_manifest;
 use super::{now, Engine, Error};
 use crate::toolsets::{
-    self, fetch_manifest, ApprovalPolicy, DiscoveryError, LoadedToolset, PolicyPatch, StoredToolset,
+    self, ApprovalPolicy, DiscoveryError, LoadedToolset, PolicyPatch, StoredToolset,
 };
 
 /// A registered toolset as the API shows it: what it holds, and which of

@@ -10,7 +10,7 @@ mod validate;
 use ferry_proto::rap::Manifest;
 use serde::{Deserialize, Serialize};
 
-pub use discovery::{check_base_url, fetch_manifest, redacted, DiscoveryError};
+pub use discovery::{check_base_url, read_manifest, redacted, DiscoveryError, MAX_MANIFEST_BYTES};
 pub use policy::{
     ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS,
 };

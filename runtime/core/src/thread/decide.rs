@@ -227,7 +227,8 @@ impl Decision {
         }
     }
 
-    pub(crate) fn nothing(outcome: Outcome) -> Self {
+    /// A decision that changes nothing, with its outcome.
+    pub fn nothing(outcome: Outcome) -> Self {
         Self {
             changes: vec![],
             outcome,

@@ -1,7 +1,6 @@
-//! Fetching a manifest from `{base}/.well-known/rap-toolset`, the only way
-//! RAP toolsets are loaded.
-
-use std::time::Duration;
+//! The pure half of discovery (`{base}/.well-known/rap-toolset`, the only
+//! way RAP toolsets are loaded): base URLs, how they are shown, and the
+//! manifest a fetched document holds. The fetch is the engine's.
 
 use ferry_proto::rap::Manifest;
 
@@ -18,7 +17,7 @@ pub enum DiscoveryError {
 }
 
 /// The largest discovery document Ferry reads.
-const MAX_MANIFEST_BYTES: usize = 4 << 20;
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
 /// Checks a tool server's base URL and gives it normalised (as the URL
 /// parser writes it, no trailing slash): http(s) with a host, and nothing
@@ -59,61 +58,18 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// Normalises a base URL and fetches its manifest.
-pub async fn fetch_manifest(
-    client: &reqwest::Client,
-    base: &str,
-) -> Result<(String, Manifest), DiscoveryError> {
-    let base = check_base_url(base).map_err(DiscoveryError::BadUrl)?;
-    let url = format!("{base}/.well-known/rap-toolset");
-    let shown = redacted(&url);
-    let unreachable = |reason: String| DiscoveryError::Unreachable {
-        url: shown.clone(),
-        reason,
-    };
-    let mut response = client
-        .get(&url)
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|e| unreachable(e.without_url().to_string()))?;
-    if !response.status().is_success() {
-        return Err(unreachable(format!("HTTP {}", response.status())));
-    }
-    let too_large = || DiscoveryError::Invalid {
-        url: shown.clone(),
-        reason: format!("larger than {MAX_MANIFEST_BYTES} bytes"),
-    };
-    // Refused as soon as it says or shows it is too large: read whole
-    // first, a document of gigabytes would be held in memory (or a server
-    // still sending would run into the timeout, reported as unreachable).
-    if response
-        .content_length()
-        .is_some_and(|n| n > MAX_MANIFEST_BYTES as u64)
-    {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| unreachable(e.without_url().to_string()))?
-    {
-        if body.len() + chunk.len() > MAX_MANIFEST_BYTES {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    let manifest: Manifest =
-        serde_json::from_slice(&body).map_err(|e| DiscoveryError::Invalid {
-            url: shown.clone(),
-            reason: e.to_string(),
-        })?;
+/// The manifest a discovery document holds, checked as published
+/// (`rap-3`); `shown` is the document's URL as errors may show it.
+pub fn read_manifest(shown: &str, body: &[u8]) -> Result<Manifest, DiscoveryError> {
+    let manifest: Manifest = serde_json::from_slice(body).map_err(|e| DiscoveryError::Invalid {
+        url: shown.to_owned(),
+        reason: e.to_string(),
+    })?;
     check_published(&manifest).map_err(|problems| DiscoveryError::Invalid {
-        url: shown.clone(),
+        url: shown.to_owned(),
         reason: problems.join("; "),
     })?;
-    Ok((base, manifest))
+    Ok(manifest)
 }
 
 #[cfg(test)]
