@@ -425,6 +425,8 @@ pub struct ErrorBody {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorDetail {
+    /// An [`ErrorCode`](crate::ErrorCode)'s text. Kept as text so that a
+    /// client reads codes a newer Ferry adds.
     pub code: String,
     pub message: String,
     /// Per-parameter messages for `invalid_arguments`, keyed by the
@@ -434,10 +436,10 @@ pub struct ErrorDetail {
 }
 
 impl ErrorBody {
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: crate::ErrorCode, message: impl Into<String>) -> Self {
         Self {
             error: ErrorDetail {
-                code: code.into(),
+                code: code.as_str().to_owned(),
                 message: message.into(),
                 parameter_errors: None,
             },

@@ -6,8 +6,10 @@
 
 pub mod api;
 pub mod bus;
+pub mod error_code;
 pub mod idempotency;
 pub mod rap;
 
 pub use api::{CallStatus, ErrorBody, Event, EventKind};
+pub use error_code::ErrorCode;
 pub use rap::{Callback, ContentItem, DisplaySegment, Invocation, Manifest, ToolDef};

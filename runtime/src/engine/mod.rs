@@ -25,6 +25,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use ferry_proto::api::Event;
+use ferry_proto::ErrorCode;
 use ferry_worker::Notifier;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -106,6 +107,33 @@ pub enum Error {
 }
 
 impl Error {
+    /// What went wrong, as the native API names it; each front maps it to
+    /// its protocol's shape.
+    pub fn code(&self) -> ErrorCode {
+        use ErrorCode as C;
+        match self {
+            Error::InvalidRequest(_) => C::InvalidRequest,
+            Error::UnknownTool(_) => C::UnknownTool,
+            Error::AmbiguousTool(_) => C::AmbiguousTool,
+            Error::InvalidArguments(_) => C::InvalidArguments,
+            Error::Rejected(r) => r.code(),
+            Error::Forged | Error::Mismatch(_) => C::Forbidden,
+            Error::BadCallback(_) => C::InvalidCallback,
+            Error::NotFound(_) => C::NotFound,
+            Error::InvalidOption(_) => C::InvalidOption,
+            Error::ToolsetUnreachable(_) => C::ToolsetUnreachable,
+            Error::InvalidToolset(_) => C::InvalidToolset,
+            Error::Store(store::Error::Conflict(_)) => C::Busy,
+            Error::Store(store::Error::Unavailable(_)) => C::Unavailable,
+            // What a result would be stored as, with the thread's metadata,
+            // is more than NATS carries: refused like a body over the limit
+            // (a tool's result then fails its call, `http::callbacks`).
+            Error::Store(store::Error::TooLarge(_)) => C::PayloadTooLarge,
+            Error::Store(_) => C::StorageError,
+            Error::Bus(_) => C::BusUnavailable,
+        }
+    }
+
     /// A refusal that rests on the registered toolsets (the tool, its
     /// schema) rather than on the request alone: it may change when they do.
     pub fn rests_on_toolsets(&self) -> bool {

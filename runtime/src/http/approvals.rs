@@ -1,11 +1,11 @@
 //! The approval gate: `GET /v1/approvals`, `POST /v1/approvals/{g}/{id}`,
 //! and revoking a thread's standing grant.
 
+use ferry_proto::ErrorCode;
 use std::collections::HashMap;
 
 use super::path::Path;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::Json;
 use ferry_proto::api::PermissionKind;
 use serde::Deserialize;
@@ -26,8 +26,7 @@ pub async fn list(
         None | Some("pending") => {}
         Some(other) => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
+                ErrorCode::InvalidRequest,
                 format!("status={other:?}: only \"pending\" is listed"),
             ))
         }
@@ -88,8 +87,7 @@ pub async fn decide(
     // here is someone else.
     if reviewer_reads_as(&decision.reviewer, crate::acp::ACP_REVIEWER) {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             format!(
                 "reviewer {:?} is reserved for decisions taken over ACP",
                 decision.reviewer

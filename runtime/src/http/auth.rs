@@ -8,12 +8,13 @@
 //! when they are given no credentials of their own, so that setting a
 //! token never leaves another way in open.
 
+use ferry_proto::ErrorCode;
 use std::sync::Arc;
 
 use super::ApiError;
 use crate::digest::{same, sha256};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -129,8 +130,7 @@ pub async fn require_token(
     metrics::counter!(crate::metrics::UNAUTHORIZED, "token" => reason).increment(1);
     tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
     let mut response = ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
+        ErrorCode::Unauthorized,
         "this Ferry requires `Authorization: Bearer <API token>` (one of its --api-token values)",
     )
     .into_response();

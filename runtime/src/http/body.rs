@@ -4,8 +4,8 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
 use ferry_proto::rap::{Ending, Peek};
+use ferry_proto::ErrorCode;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +22,7 @@ pub struct JsonBody<T>(pub T);
 
 pub(super) fn too_large() -> ApiError {
     ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
+        ErrorCode::PayloadTooLarge,
         "the request body is larger than the configured limit",
     )
 }
@@ -72,8 +71,7 @@ pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Byt
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             BodyError::Unreadable(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
+                ErrorCode::InvalidRequest,
                 format!("reading the body: {e}"),
             ))
         })?;
@@ -203,26 +201,16 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let bytes = read_bytes(req, state.engine.config().max_body_bytes).await?;
-        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                format!("malformed JSON: {e}"),
-            )
-        })?;
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidJson, format!("malformed JSON: {e}")))?;
         // Every body this API takes is an object; serde would also take a
         // struct's fields as an array, in order.
         if !value.is_object() {
             let message = "the request body must be a JSON object";
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                message,
-            ));
+            return Err(ApiError::new(ErrorCode::InvalidRequest, message));
         }
-        let parsed = serde_json::from_value(value).map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
-        })?;
+        let parsed = serde_json::from_value(value)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.to_string()))?;
         Ok(JsonBody(parsed))
     }
 }

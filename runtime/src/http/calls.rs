@@ -1,5 +1,6 @@
 //! `POST /v1/calls`, `GET` and `DELETE /v1/threads/{group_id}/calls/{id}`.
 
+use ferry_proto::ErrorCode;
 use std::collections::HashMap;
 
 use super::path::Path;
@@ -118,8 +119,7 @@ pub async fn choose(
     ];
     if given.into_iter().filter(|g| *g).count() != 1 {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             "give exactly one of \"index\", \"choice\" or \"dismiss\": true",
         ));
     }
@@ -141,8 +141,7 @@ pub async fn choose(
 fn choice_index(n: &serde_json::Number) -> Result<usize, ApiError> {
     let out_of_range = || {
         ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_choice",
+            ErrorCode::InvalidChoice,
             format!("index {n} is not one of the choices"),
         )
     };
@@ -154,8 +153,7 @@ fn choice_index(n: &serde_json::Number) -> Result<usize, ApiError> {
         Some(f) if f.fract() == 0.0 && (0.0..=u32::MAX.into()).contains(&f) => Ok(f as usize),
         Some(f) if f.fract() == 0.0 => Err(out_of_range()),
         _ => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             format!("index {n} is not an integer"),
         )),
     }

@@ -4,10 +4,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferry_proto::api::ErrorBody;
+use ferry_proto::ErrorCode;
 
 use crate::engine::Error;
-use crate::store;
-use crate::thread::Rejection;
 
 /// An error answer: `{"error": {"code", "message", "parameter_errors"?}}`.
 #[derive(Debug)]
@@ -17,9 +16,9 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: status_of(code),
             body: ErrorBody::new(code, message),
         }
     }
@@ -42,62 +41,53 @@ impl IntoResponse for ApiError {
 /// the store (NATS) is out of reach, or the thread too busy, for now.
 pub const RETRY_AFTER_SECS: &str = "1";
 
-/// The status and code of an engine error.
-fn classify(e: &Error) -> (StatusCode, &'static str) {
+/// The one table of the native API's error statuses: each code's HTTP
+/// status. Every error answer of the native API takes its status here.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    use ErrorCode as C;
     use StatusCode as S;
-    match e {
-        Error::InvalidRequest(_) => (S::BAD_REQUEST, "invalid_request"),
-        Error::UnknownTool(_) => (S::BAD_REQUEST, "unknown_tool"),
-        Error::AmbiguousTool(_) => (S::BAD_REQUEST, "ambiguous_tool"),
-        Error::InvalidArguments(_) => (S::UNPROCESSABLE_ENTITY, "invalid_arguments"),
-        Error::Rejected(r) => match r {
-            Rejection::UnknownCall(_) => (S::NOT_FOUND, "unknown_call"),
-            Rejection::Conflict(_) => (S::CONFLICT, "conflict"),
-            Rejection::ThreadClosed => (S::CONFLICT, "thread_closed"),
-            Rejection::SubscriptionGone(_) => (S::GONE, "subscription_gone"),
-            Rejection::Finished { .. } => (S::CONFLICT, "call_finished"),
-            Rejection::NotSubscribed(_) => (S::NOT_FOUND, "not_subscribed"),
-            Rejection::NotPendingApproval { .. } => (S::CONFLICT, "not_pending_approval"),
-            Rejection::NotDispatched(_) => (S::CONFLICT, "not_dispatched"),
-            Rejection::NoGrant(_) => (S::NOT_FOUND, "no_grant"),
-            Rejection::NotAwaitingChoice { .. } => (S::CONFLICT, "not_awaiting_choice"),
-            Rejection::BadChoice(_) => (S::UNPROCESSABLE_ENTITY, "invalid_choice"),
-            Rejection::TooManyViews(_) => (S::CONFLICT, "too_many_views"),
-            Rejection::ViewsTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "views_too_large"),
-            Rejection::KeyReused { .. } => (S::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
-        },
-        Error::Forged | Error::Mismatch(_) => (S::FORBIDDEN, "forbidden"),
-        Error::BadCallback(_) => (S::BAD_REQUEST, "invalid_callback"),
-        Error::NotFound(_) => (S::NOT_FOUND, "not_found"),
-        Error::InvalidOption(_) => (S::UNPROCESSABLE_ENTITY, "invalid_option"),
-        Error::ToolsetUnreachable(_) => (S::BAD_GATEWAY, "toolset_unreachable"),
-        Error::InvalidToolset(_) => (S::UNPROCESSABLE_ENTITY, "invalid_toolset"),
-        Error::Store(store::Error::Conflict(_)) => (S::SERVICE_UNAVAILABLE, "busy"),
-        Error::Store(store::Error::Unavailable(_)) => (S::SERVICE_UNAVAILABLE, "unavailable"),
-        // What a result would be stored as, with the thread's metadata, is
-        // more than NATS carries: refused like a body over the limit (a
-        // tool's result then fails its call, `http::callbacks`).
-        Error::Store(store::Error::TooLarge(_)) => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
-        Error::Store(_) => (S::INTERNAL_SERVER_ERROR, "storage_error"),
-        Error::Bus(_) => (S::SERVICE_UNAVAILABLE, "bus_unavailable"),
+    match code {
+        C::InvalidJson
+        | C::InvalidRequest
+        | C::UnknownTool
+        | C::AmbiguousTool
+        | C::InvalidCallback => S::BAD_REQUEST,
+        C::Unauthorized => S::UNAUTHORIZED,
+        C::Forbidden => S::FORBIDDEN,
+        C::NotFound | C::UnknownCall | C::NotSubscribed | C::NoGrant => S::NOT_FOUND,
+        C::MethodNotAllowed => S::METHOD_NOT_ALLOWED,
+        C::Conflict
+        | C::ThreadClosed
+        | C::CallFinished
+        | C::NotPendingApproval
+        | C::NotDispatched
+        | C::NotAwaitingChoice
+        | C::TooManyViews => S::CONFLICT,
+        C::SubscriptionGone => S::GONE,
+        C::PayloadTooLarge | C::ViewsTooLarge => S::PAYLOAD_TOO_LARGE,
+        C::InvalidArguments
+        | C::InvalidOption
+        | C::InvalidToolset
+        | C::InvalidChoice
+        | C::IdempotencyKeyReused => S::UNPROCESSABLE_ENTITY,
+        C::StorageError | C::InternalError => S::INTERNAL_SERVER_ERROR,
+        // A 502, but about the tool server the caller named, not Ferry.
+        C::ToolsetUnreachable => S::BAD_GATEWAY,
+        C::Busy | C::Unavailable | C::BusUnavailable => S::SERVICE_UNAVAILABLE,
     }
-}
-
-/// The error code of an engine error, for metrics labels.
-pub fn error_code(e: &Error) -> &'static str {
-    classify(e).1
 }
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        let (status, code) = classify(&e);
+        let code = e.code();
+        let status = status_of(code);
         match &e {
             // A 502, but about the tool server the caller named, not Ferry.
             Error::ToolsetUnreachable(_) => tracing::warn!(error = %e, "request failed"),
             _ if status.is_server_error() => tracing::error!(error = %e, "request failed"),
             _ => {}
         }
-        let mut api = ApiError::new(status, code, e.to_string());
+        let mut api = ApiError::new(code, e.to_string());
         if let Error::InvalidArguments(errors) = e {
             api.body.error.parameter_errors = Some(errors);
         }
@@ -108,6 +98,7 @@ impl From<Error> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store;
 
     /// DESIGN.md, invariant 1: "When the store cannot take the write, the
     /// answer is 503 with `Retry-After`, and nothing changes."

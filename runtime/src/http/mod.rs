@@ -15,6 +15,7 @@ mod toolsets;
 mod ui;
 mod views;
 
+use ferry_proto::ErrorCode;
 use std::sync::Arc;
 
 use axum::routing::{delete, get, post};
@@ -24,7 +25,7 @@ use crate::engine::requests::{Reply, Request};
 use crate::engine::Engine;
 use ferry_proto::api::SubmitCall;
 
-pub use error::{error_code, ApiError};
+pub use error::{status_of, ApiError};
 
 /// The token of an `Authorization: Bearer <token>` header value (the
 /// scheme is case-insensitive, RFC 7235).
@@ -45,8 +46,7 @@ where
     match tokio::spawn(command).await {
         Ok(result) => result.map_err(ApiError::from),
         Err(e) => Err(ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
+            ErrorCode::InternalError,
             format!("the command did not complete: {e}"),
         )),
     }
@@ -100,8 +100,7 @@ pub(crate) async fn submit_call(
 /// A reply of an unexpected kind: a bug.
 pub(crate) fn unexpected(reply: Reply) -> ApiError {
     ApiError::new(
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        "internal_error",
+        ErrorCode::InternalError,
         format!("unexpected reply {reply:?}"),
     )
 }

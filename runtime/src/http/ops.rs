@@ -1,9 +1,10 @@
 //! `/healthz`, `/metrics`, and the JSON answers for unknown routes.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use ferry_proto::ErrorCode;
 use serde_json::json;
 
 use super::{ApiError, AppState};
@@ -15,7 +16,7 @@ pub async fn healthz(State(app): State<AppState>) -> Response {
     match app.engine.writable() {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
+            super::status_of(ErrorCode::Unavailable),
             [(header::RETRY_AFTER, super::error::RETRY_AFTER_SECS)],
             Json(json!({"status": "degraded", "reason": e.to_string()})),
         )
@@ -30,23 +31,17 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
             render(),
         )
             .into_response(),
-        None => ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "metrics are not enabled",
-        )
-        .into_response(),
+        None => ApiError::new(ErrorCode::NotFound, "metrics are not enabled").into_response(),
     }
 }
 
 pub async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    ApiError::new(ErrorCode::NotFound, "no such endpoint")
 }
 
 pub async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "method not allowed on this endpoint",
     )
 }

@@ -9,9 +9,10 @@
 //! loopback one (as `/mcp` allows).
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use ferry_proto::ErrorCode;
 
 use super::ApiError;
 
@@ -94,8 +95,7 @@ pub async fn refuse_cross_site(
     if let Some(origin) = cross_site(&origins, request.method(), request.headers()) {
         tracing::warn!(origin, path = %request.uri().path(), "cross-site request refused");
         return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!("a request from the web page at {origin:?} may not change anything here"),
         )
         .into_response();

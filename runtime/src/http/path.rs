@@ -3,7 +3,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use ferry_proto::ErrorCode;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
@@ -21,12 +21,6 @@ where
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| Path(value))
-            .map_err(|rejection| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    rejection.body_text(),
-                )
-            })
+            .map_err(|rejection| ApiError::new(ErrorCode::InvalidRequest, rejection.body_text()))
     }
 }

@@ -1,6 +1,7 @@
 //! A thread's metadata, its events (long-poll and SSE), cancelling its
 //! subscriptions, and closing it.
 
+use ferry_proto::ErrorCode;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use super::path::Path;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
 use ferry_proto::api::{Event, EventKind};
@@ -64,7 +65,7 @@ pub async fn show(
 }
 
 fn invalid(message: String) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    ApiError::new(ErrorCode::InvalidRequest, message)
 }
 
 fn number<T: std::str::FromStr>(

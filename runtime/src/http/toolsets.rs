@@ -1,5 +1,6 @@
 //! `/v1/toolsets` and `/v1/tools`.
 
+use ferry_proto::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 
 use super::path::Path;
@@ -87,8 +88,7 @@ pub async fn show(
         versions.retain(|v| v.version == *wanted);
         if versions.is_empty() {
             return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 format!("no toolset {name:?} at version {wanted}"),
             ));
         }
@@ -104,9 +104,8 @@ fn version(query: &HashMap<String, String>) -> Result<Option<semver::Version>, A
     query
         .get("version")
         .map(|v| {
-            crate::toolsets::parse_version(v).map_err(|e| {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string())
-            })
+            crate::toolsets::parse_version(v)
+                .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.to_string()))
         })
         .transpose()
 }

@@ -275,6 +275,29 @@ pub enum Rejection {
     KeyReused { id: String, key: String },
 }
 
+impl Rejection {
+    /// The native API's name for this refusal.
+    pub fn code(&self) -> ferry_proto::ErrorCode {
+        use ferry_proto::ErrorCode as C;
+        match self {
+            Rejection::UnknownCall(_) => C::UnknownCall,
+            Rejection::Conflict(_) => C::Conflict,
+            Rejection::ThreadClosed => C::ThreadClosed,
+            Rejection::SubscriptionGone(_) => C::SubscriptionGone,
+            Rejection::Finished { .. } => C::CallFinished,
+            Rejection::NotSubscribed(_) => C::NotSubscribed,
+            Rejection::NotPendingApproval { .. } => C::NotPendingApproval,
+            Rejection::NotDispatched(_) => C::NotDispatched,
+            Rejection::NoGrant(_) => C::NoGrant,
+            Rejection::NotAwaitingChoice { .. } => C::NotAwaitingChoice,
+            Rejection::BadChoice(_) => C::InvalidChoice,
+            Rejection::TooManyViews(_) => C::TooManyViews,
+            Rejection::ViewsTooLarge { .. } => C::ViewsTooLarge,
+            Rejection::KeyReused { .. } => C::IdempotencyKeyReused,
+        }
+    }
+}
+
 /// Decides what `command` does to `state`. Pure.
 pub fn decide(state: &ThreadState, command: &Command) -> Result<Decision, Rejection> {
     match command {
