@@ -20,6 +20,6 @@ pub fn http_url(text: &str) -> Result<String, String> {
 /// that a bad `--tool-server` stops the start).
 pub fn tool_server_url(text: &str) -> Result<String, String> {
     let checked = http_url(text)?;
-    ferry_runtime::toolsets::check_base_url(&checked)?;
+    ferry_engine::toolsets::check_base_url(&checked)?;
     Ok(checked)
 }

@@ -9,18 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_runtime::bus::InTheLog;
-use ferry_runtime::cluster::mcp_sessions::SharedSessions;
-use ferry_runtime::cluster::stop::{Phase, Stop};
-use ferry_runtime::cluster::subjects::Layout;
-use ferry_runtime::cluster::{identity, pull, streams, worker};
-use ferry_runtime::http::auth::ApiTokens;
-use ferry_runtime::http::MetricsRender;
-use ferry_runtime::store::deferred::Deferred;
-use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
-use ferry_runtime::store::Store;
-use ferry_runtime::token::Capabilities;
-use ferry_runtime::{Config, Engine};
+use ferry_engine::bus::InTheLog;
+use ferry_engine::store::deferred::Deferred;
+use ferry_engine::store::Store;
+use ferry_engine::token::Capabilities;
+use ferry_engine::{Config, Engine};
+use ferry_fronts::http::auth::ApiTokens;
+use ferry_fronts::http::MetricsRender;
+use ferry_nats::cluster::mcp_sessions::SharedSessions;
+use ferry_nats::cluster::stop::{Phase, Stop};
+use ferry_nats::cluster::subjects::Layout;
+use ferry_nats::cluster::{identity, pull, streams, worker};
+use ferry_nats::jetstream::{ClientEvents, JetStreamStore};
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -47,8 +47,8 @@ pub struct RuntimeOptions {
     pub listen: SocketAddr,
     pub tool_servers: Vec<String>,
     pub max_body_bytes: usize,
-    pub oxp: ferry_runtime::oxp::OxpConfig,
-    pub mcp: ferry_runtime::mcp::McpConfig,
+    pub oxp: ferry_fronts::oxp::OxpConfig,
+    pub mcp: ferry_fronts::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
     /// How long a stopping node waits for the requests still running.
@@ -69,7 +69,7 @@ pub struct WorkerOptions {
     /// Takes the consumers' priority group away at start.
     pub drop_priority_group: bool,
     /// How long a stopping worker goes on with what is under way before it
-    /// hands that back too ([`ferry_runtime::cluster::stop`]).
+    /// hands that back too ([`ferry_nats::cluster::stop`]).
     pub drain: Duration,
 }
 
@@ -347,7 +347,7 @@ pub async fn start_runtime(
         store.clone(),
         options.max_body_bytes,
     )?);
-    ferry_runtime::metrics::describe();
+    ferry_engine::metrics::describe();
     // MCP sessions in JetStream KV: any node serves any session.
     let sessions = Arc::new(SharedSessions::default());
     let attached = tokio::spawn(attach(
@@ -368,8 +368,8 @@ pub async fn start_runtime(
             "NATS not reachable: serving, but every request that needs the store is answered 503 until it is"
         ),
     }
-    let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
-    let app = ferry_runtime::http::router_with(
+    let perform = Arc::new(ferry_fronts::http::Local(engine.clone()));
+    let app = ferry_fronts::http::router_with(
         engine.clone(),
         metrics,
         perform.clone(),
@@ -380,7 +380,7 @@ pub async fn start_runtime(
         perform,
         &public_url,
         &options.oxp,
-        &ferry_runtime::mcp::McpConfig {
+        &ferry_fronts::mcp::McpConfig {
             sessions,
             ..options.mcp.clone()
         },
@@ -429,7 +429,7 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         .with_dispatch_grace(DISPATCH_GRACE),
     );
     follow_toolsets(&engine, &store).await?;
-    ferry_runtime::metrics::describe();
+    ferry_engine::metrics::describe();
     engine.start_timers();
     let sweeper = engine.clone();
     let reconcile_after = options.reconcile_after;
@@ -486,7 +486,7 @@ const SWEEP: Duration = Duration::from_secs(60);
 const LAST_ACKS: Duration = Duration::from_secs(5);
 
 /// Runs a worker until `shutdown` resolves; then it drains
-/// ([`ferry_runtime::cluster::stop`]): it takes no more work, finishes
+/// ([`ferry_nats::cluster::stop`]): it takes no more work, finishes
 /// what is under way for up to `options.drain`, hands back the rest, and
 /// returns. Stopped while it still starts (waiting for NATS, say), it
 /// returns at once: it holds nothing yet.

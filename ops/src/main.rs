@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ferry_fronts::http::auth::ApiTokens;
 use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
 use ferry_ops::operator::{self, Operator};
 use ferry_ops::serve::{start, ServeOptions};
-use ferry_runtime::http::auth::ApiTokens;
 use ferry_worker::DispatchConfig;
 use tracing_subscriber::EnvFilter;
 
@@ -153,9 +153,9 @@ impl FrontArgs {
         ApiTokens::new(&self.api_tokens).context("--api-token (or FERRY_API_TOKENS)")
     }
 
-    fn oxp(&self, max_body_bytes: usize) -> ferry_runtime::oxp::OxpConfig {
-        ferry_runtime::oxp::OxpConfig {
-            auth: ferry_runtime::oxp::AuthConfig {
+    fn oxp(&self, max_body_bytes: usize) -> ferry_fronts::oxp::OxpConfig {
+        ferry_fronts::oxp::OxpConfig {
+            auth: ferry_fronts::oxp::AuthConfig {
                 jwt_secret: self.oxp_jwt_secret.clone(),
                 jwt_audience: self.oxp_jwt_audience.clone(),
                 api_key: self.oxp_api_key.clone(),
@@ -166,8 +166,8 @@ impl FrontArgs {
         }
     }
 
-    fn mcp(&self, max_body_bytes: usize) -> ferry_runtime::mcp::McpConfig {
-        ferry_runtime::mcp::McpConfig {
+    fn mcp(&self, max_body_bytes: usize) -> ferry_fronts::mcp::McpConfig {
+        ferry_fronts::mcp::McpConfig {
             allowed_hosts: self.mcp_allowed_hosts.clone(),
             allowed_origins: self.mcp_allowed_origins.clone(),
             bearer_token: self.mcp_bearer_token.clone(),
@@ -268,7 +268,7 @@ struct ClusterArgs {
     /// process to start; every node and worker must be given the same.
     /// About one per NATS server (or a few per server) is plenty.
     #[arg(long, default_value_t = 1, env = "FERRY_PARTITIONS",
-          value_parser = clap::value_parser!(u16).range(1..=ferry_runtime::cluster::subjects::MAX_PARTITIONS as i64))]
+          value_parser = clap::value_parser!(u16).range(1..=ferry_nats::cluster::subjects::MAX_PARTITIONS as i64))]
     partitions: u16,
 }
 
@@ -332,7 +332,7 @@ struct WorkerArgs {
     /// 2.12 or later), after which only workers of this Ferry or later can
     /// pull: see --drop-priority-group.
     #[arg(long, env = "FERRY_PRIORITY", conflicts_with = "drop_priority_group",
-          value_parser = clap::value_parser!(u8).range(0..=i64::from(ferry_runtime::cluster::streams::MAX_PRIORITY)))]
+          value_parser = clap::value_parser!(u8).range(0..=i64::from(ferry_nats::cluster::streams::MAX_PRIORITY)))]
     priority: Option<u8>,
     /// Take the priority group away from the shared consumers at start, so
     /// that workers share the work in turn again and workers of a Ferry
@@ -518,7 +518,7 @@ async fn serve_metrics(listen: SocketAddr) -> anyhow::Result<()> {
 }
 
 /// Installs the Prometheus recorder; `/metrics` renders it.
-fn install_metrics() -> anyhow::Result<ferry_runtime::http::MetricsRender> {
+fn install_metrics() -> anyhow::Result<ferry_fronts::http::MetricsRender> {
     use ferry_worker::metrics::{DISPATCH_LATENCY, DISPATCH_LATENCY_BUCKETS};
     use metrics_exporter_prometheus::Matcher;
     // Buckets make it a Prometheus histogram (the issue asks for one); the

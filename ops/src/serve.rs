@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
-use ferry_runtime::bus::LocalBus;
-use ferry_runtime::http::auth::ApiTokens;
-use ferry_runtime::http::MetricsRender;
-use ferry_runtime::store::SledStore;
-use ferry_runtime::token::Capabilities;
-use ferry_runtime::{Config, Engine};
+use ferry_engine::bus::LocalBus;
+use ferry_engine::store::SledStore;
+use ferry_engine::token::Capabilities;
+use ferry_engine::{Config, Engine};
+use ferry_fronts::http::auth::ApiTokens;
+use ferry_fronts::http::MetricsRender;
 use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use futures::FutureExt;
 use tokio::net::TcpListener;
@@ -37,9 +37,9 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     pub dispatch: DispatchConfig,
     /// The OXP server's credentials and wait.
-    pub oxp: ferry_runtime::oxp::OxpConfig,
+    pub oxp: ferry_fronts::oxp::OxpConfig,
     /// The MCP front's allow-lists and token.
-    pub mcp: ferry_runtime::mcp::McpConfig,
+    pub mcp: ferry_fronts::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
     /// How long a stopping process waits for the requests still running
@@ -224,7 +224,7 @@ pub async fn start(
         .boxed()
     }));
     engine.start_timers();
-    ferry_runtime::metrics::describe();
+    ferry_engine::metrics::describe();
     let loaded = engine.load_toolsets().await?;
     info!(toolsets = loaded.len(), "toolsets loaded");
 
@@ -247,8 +247,8 @@ pub async fn start(
     let checks = engine.recover().await?;
     tokio::spawn(checks);
 
-    let perform = Arc::new(ferry_runtime::http::Local(engine.clone()));
-    let app = ferry_runtime::http::router(engine.clone(), metrics, options.api_tokens.clone())
+    let perform = Arc::new(ferry_fronts::http::Local(engine.clone()));
+    let app = ferry_fronts::http::router(engine.clone(), metrics, options.api_tokens.clone())
         .merge(protocol_fronts(
             &engine,
             perform,
@@ -347,10 +347,10 @@ pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
 /// credentials of their own.
 pub(crate) fn protocol_fronts(
     engine: &Arc<Engine>,
-    perform: Arc<dyn ferry_runtime::http::Perform>,
+    perform: Arc<dyn ferry_fronts::http::Perform>,
     public_url: &str,
-    oxp: &ferry_runtime::oxp::OxpConfig,
-    mcp: &ferry_runtime::mcp::McpConfig,
+    oxp: &ferry_fronts::oxp::OxpConfig,
+    mcp: &ferry_fronts::mcp::McpConfig,
     api_tokens: &ApiTokens,
 ) -> axum::Router {
     let mut oxp = oxp.clone();
@@ -370,8 +370,8 @@ pub(crate) fn protocol_fronts(
             mcp.allowed_origins.push(origin.ascii_serialization());
         }
     }
-    ferry_runtime::oxp::router(engine.clone(), perform.clone(), &oxp)
-        .merge(ferry_runtime::mcp::router(engine.clone(), perform, mcp))
+    ferry_fronts::oxp::router(engine.clone(), perform.clone(), &oxp)
+        .merge(ferry_fronts::mcp::router(engine.clone(), perform, mcp))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff;
 use backoff::ExponentialBackoffBuilder;
-use ferry_runtime::engine::{Engine, Error};
+use ferry_engine::engine::{Engine, Error};
 use tracing::{info, warn};
 
 /// The first retry of an unreachable tool server comes after about this.
@@ -51,12 +51,12 @@ async fn settled(engine: &Engine, url: &str) -> bool {
             true
         }
         Err(Error::ToolsetUnreachable(reason)) => {
-            let url = ferry_runtime::toolsets::redacted(url);
+            let url = ferry_engine::toolsets::redacted(url);
             warn!(url, error = %reason, "tool server unreachable; trying again in the background");
             false
         }
         Err(e) => {
-            let url = ferry_runtime::toolsets::redacted(url);
+            let url = ferry_engine::toolsets::redacted(url);
             warn!(url, error = %e, "could not register tool server; not trying again");
             true
         }

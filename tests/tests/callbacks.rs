@@ -1,7 +1,7 @@
 //! Tools' callbacks (`POST /v1/callbacks/{token}`): the five types, dedupe,
 //! forged and unmatched callbacks, subscriptions and their cancellation.
 
-use ferry_runtime::token::Capabilities;
+use ferry_engine::token::Capabilities;
 use ferry_tests::{Api, Ferry, TestTool, TEST_SECRET};
 use futures::future::join_all;
 use serde_json::{json, Value};
@@ -407,7 +407,7 @@ async fn a_threads_views_are_bounded_in_bytes() {
     let s = Setup::new().await;
     let api = s.api();
     let url = s.dispatched("g", "c").await;
-    let limit = ferry_runtime::thread::MAX_VIEW_BYTES;
+    let limit = ferry_engine::thread::MAX_VIEW_BYTES;
     let view = |view_type: &str, bytes: usize| {
         json!({"type": "view_update", "group_id": "g", "view_type": view_type,
                "content": "x".repeat(bytes)})
@@ -463,7 +463,7 @@ async fn oauth_user_choice_and_view_update_are_recorded() {
     );
     // A thread holds a bounded number of views: one more type is refused
     // (a 4xx: the tool does not retry it), an existing one still updates.
-    let bound = ferry_runtime::thread::MAX_VIEWS;
+    let bound = ferry_engine::thread::MAX_VIEWS;
     for i in 1..bound {
         let more = json!({"type": "view_update", "group_id": "g", "view_type": format!("v{i}"), "content": i});
         assert_eq!(api.post(&url, &more).await.0, 200);
@@ -494,7 +494,7 @@ async fn oauth_user_choice_and_view_update_are_recorded() {
         );
     }
     let views = kinds.iter().filter(|k| *k == "view_update").count();
-    assert_eq!(views, ferry_runtime::thread::MAX_VIEWS, "{kinds:?}");
+    assert_eq!(views, ferry_engine::thread::MAX_VIEWS, "{kinds:?}");
 }
 
 #[tokio::test]
@@ -545,7 +545,7 @@ async fn demo_tools_exercise_the_protocol_end_to_end() {
 /// told to cancel, and the thread's active set does not grow.
 #[tokio::test]
 async fn a_subscription_past_the_threads_bound_is_cancelled_at_once() {
-    let bound = ferry_runtime::thread::MAX_ACTIVE_SUBSCRIPTIONS;
+    let bound = ferry_engine::thread::MAX_ACTIVE_SUBSCRIPTIONS;
     let s = Setup::new().await;
     let api = s.api();
     let opened = |id: &str| json!({"type": "tool_result", "group_id": "g", "id": id, "text": "watching", "subscription": true});

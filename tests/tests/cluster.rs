@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{Info, PullConsumer};
-use ferry_runtime::cluster::streams;
-use ferry_runtime::cluster::subjects::Layout;
+use ferry_nats::cluster::streams;
+use ferry_nats::cluster::subjects::Layout;
 
 /// The stream workers take work from, with one partition (the default).
 const WORK_STREAM: &str = "FERRY_THREADS_0";
@@ -665,7 +665,7 @@ async fn a_three_node_nats_cluster_loses_a_node_under_load_and_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_refused_on_every_node_and_changes_nothing() {
-    use ferry_runtime::token::Capabilities;
+    use ferry_engine::token::Capabilities;
     let c = Cluster::start(1).await;
     let (a, b) = (c.a.api(), c.b.api());
     let url = path_of(&c.dispatched(&a, "g", "ok").await);
@@ -2051,8 +2051,8 @@ async fn a_stream_opened_before_its_node_reached_nats_follows_the_thread() {
 /// overflows it.
 #[tokio::test]
 async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
-    use ferry_runtime::store::jetstream::{ClientEvents, JetStreamStore};
-    use ferry_runtime::store::Store;
+    use ferry_engine::store::Store;
+    use ferry_nats::jetstream::{ClientEvents, JetStreamStore};
 
     let nats = Nats::start().await;
     let events = Arc::new(ClientEvents::default());
@@ -2129,9 +2129,9 @@ async fn watched_tips_catch_up_after_a_slow_subscription_dropped_commits() {
 /// for an outage (a 503 to the tool or agent that asked).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
+    use ferry_engine::store::{Error, Store, Write};
+    use ferry_nats::jetstream::JetStreamStore;
     use ferry_proto::api::{Event, EventKind};
-    use ferry_runtime::store::jetstream::JetStreamStore;
-    use ferry_runtime::store::{Error, Store, Write};
 
     // Replicated, as the second answer is given by a stream's leader.
     let nats = ferry_tests::NatsCluster::start().await;
@@ -2192,8 +2192,8 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
 /// more would otherwise keep its reader waiting for good.
 #[tokio::test]
 async fn a_failed_read_of_a_watched_tip_is_tried_again() {
-    use ferry_runtime::store::jetstream::JetStreamStore;
-    use ferry_runtime::store::Store;
+    use ferry_engine::store::Store;
+    use ferry_nats::jetstream::JetStreamStore;
 
     let nats = Nats::start().await;
     let client = async_nats::connect(nats.url()).await.unwrap();

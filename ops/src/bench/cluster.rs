@@ -198,7 +198,7 @@ pub async fn deploy(
             priority: (workers > 1).then(|| {
                 u8::try_from(i)
                     .unwrap_or(u8::MAX)
-                    .min(ferry_runtime::cluster::streams::MAX_PRIORITY)
+                    .min(ferry_nats::cluster::streams::MAX_PRIORITY)
             }),
             drop_priority_group: false,
             drain: crate::serve::DRAIN,

@@ -91,7 +91,7 @@ pub struct BenchArgs {
     /// The partition counts each cluster shape runs with (`ferry runtime
     /// --partitions`), comma-separated: `1,4` runs every shape twice.
     #[arg(long, value_delimiter = ',', default_value = "1",
-          value_parser = clap::value_parser!(u16).range(1..=ferry_runtime::cluster::subjects::MAX_PARTITIONS as i64))]
+          value_parser = clap::value_parser!(u16).range(1..=ferry_nats::cluster::subjects::MAX_PARTITIONS as i64))]
     pub partitions: Vec<u16>,
 }
 

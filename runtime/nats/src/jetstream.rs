@@ -43,9 +43,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use super::log::Commit;
-use super::{codec, Error, Store, Watch, Write};
 use crate::cluster::subjects::{self, Layout};
+use crate::store::log::Commit;
+use crate::store::{codec, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 

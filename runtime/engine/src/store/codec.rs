@@ -28,7 +28,7 @@ const COMPRESS_FROM: usize = 128;
 /// bytes packed) fits.
 const PACKED_CAPACITY: usize = 1024;
 
-pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Sized for a usual commit: growing from rmp_serde's 128 bytes took
     // three reallocations and copies per commit.
     let mut packed = Vec::with_capacity(PACKED_CAPACITY);
@@ -52,7 +52,7 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     }
 }
 
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     let decoded = match bytes.first() {
         Some(&COMPRESSED) => {
             let packed = decompress(&bytes[1..])?;

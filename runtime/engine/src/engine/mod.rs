@@ -14,7 +14,7 @@ mod choices;
 mod discovery;
 mod health;
 mod outcomes;
-pub(crate) mod reads;
+pub mod reads;
 mod recovery;
 pub mod requests;
 pub(crate) mod stopping;
@@ -530,6 +530,11 @@ impl Engine {
         Ok(())
     }
 
+    /// The registered toolsets, as this process holds them.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -570,12 +575,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::bus::LocalBus;
     use crate::store::SledStore;
-    use crate::thread::{NewCall, Submission};
+    use crate::thread::NewCall;
 
-    /// An engine on `store`, its tokens minted with the secret `secret`.
-    pub(crate) fn engine(store: Arc<SledStore>) -> Engine {
-        engine_with(store, LocalBus::new())
-    }
+    pub(crate) use crate::testing::{call, engine};
 
     /// [`engine`], handing its work to `bus`.
     fn engine_with(store: Arc<SledStore>, bus: LocalBus) -> Engine {
@@ -599,22 +601,6 @@ pub(crate) mod tests {
     }
 
     /// A call of `demo.echo` with no tool to dispatch to.
-    pub(crate) fn call(id: &str, text: &str) -> NewCall {
-        NewCall {
-            id: id.into(),
-            submission: Submission {
-                operation: "echo".into(),
-                arguments: serde_json::json!({ "text": text }),
-                call_id: None,
-                user_id: None,
-                thread_ancestors: None,
-            },
-            tool: "demo.echo@1.0.0".into(),
-            target: None,
-            gate: None,
-        }
-    }
-
     #[tokio::test]
     async fn a_refusal_waits_until_what_it_rests_on_is_durable() {
         let dir = tempfile::tempdir().unwrap();

@@ -438,7 +438,7 @@ mod tests {
     #[tokio::test]
     async fn an_mcp_wait_on_a_call_ends_with_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = crate::engine::stopping::tests::queued(dir.path()).await;
+        let engine = ferry_engine::testing::queued(dir.path()).await;
         engine.stop_readers();
         let accepted = Accepted {
             group_id: "g".into(),

@@ -145,11 +145,11 @@ mod tests {
     use ferry_proto::api::CallStatus;
     use tower::ServiceExt;
 
-    use crate::engine::tests::{call, engine};
     use crate::engine::Config;
     use crate::store::{SledStore, Store};
     use crate::thread::Command;
-    use crate::token::Capabilities;
+    use ferry_engine::testing::{call, engine};
+    use ferry_engine::token::Capabilities;
 
     /// When the failure of a result refused for its size cannot be
     /// recorded, the tool gets a 5xx, which RAP tools retry (rap-3: "retry

@@ -35,27 +35,16 @@ impl Engine {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::sync::Arc;
+
     use std::time::Duration;
 
     use ferry_proto::api::CallStatus;
-
-    use crate::engine::tests::{call, engine};
-    use crate::engine::Engine;
-    use crate::store::SledStore;
-    use crate::thread::Command;
 
     /// Longer than any wait below may last once readers are stopped.
     const LONG: Duration = Duration::from_secs(600);
     const PROMPTLY: Duration = Duration::from_secs(10);
 
-    /// Thread `g` with one call, queued (no worker takes it).
-    pub(crate) async fn queued(dir: &std::path::Path) -> Arc<Engine> {
-        let engine = Arc::new(engine(Arc::new(SledStore::open(dir).unwrap())));
-        let submit = Command::Submit(call("c1", "x"));
-        engine.execute("g", submit).await.unwrap();
-        engine
-    }
+    use crate::testing::queued;
 
     #[tokio::test]
     async fn stopping_ends_long_polls_and_waits_on_a_call_open_or_still_to_come() {

@@ -162,7 +162,7 @@ pub async fn events(
     }
     // The documented bound holds for the whole request, however many pages
     // of filtered-out events it reads.
-    let max_wait = app.engine.config.max_wait_secs as f64;
+    let max_wait = app.engine.config().max_wait_secs as f64;
     let deadline = Instant::now() + Duration::from_secs_f64(wait.min(max_wait));
     let mut next = after;
     let mut scanned = 0;

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
-use crate::mcp::sessions::{new_id, Sessions, Unavailable, IDLE, MAX_SESSIONS};
+use ferry_engine::sessions::{new_id, Sessions, Unavailable, IDLE, MAX_SESSIONS};
 
 pub const BUCKET: &str = "ferry_mcp_sessions";
 

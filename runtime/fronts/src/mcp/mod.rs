@@ -12,7 +12,7 @@ mod cancel;
 mod jsonrpc;
 mod security;
 mod session;
-pub mod sessions;
+pub use ferry_engine::sessions;
 mod tasks;
 mod tools;
 
@@ -415,8 +415,8 @@ async fn dispatch(
 /// Whether the tool `name` resolves to is annotated `longRunning` (it
 /// takes tasks); `None` when no tool answers to `name`.
 fn long_running(engine: &Engine, name: &str) -> Option<bool> {
-    let qualified = engine.registry.resolve(name).ok()?.qualified;
-    engine.registry.list().iter().find_map(|toolset| {
+    let qualified = engine.registry().resolve(name).ok()?.qualified;
+    engine.registry().list().iter().find_map(|toolset| {
         let s = &toolset.stored;
         s.manifest.tools.iter().find_map(|tool| {
             (format!("{}.{}@{}", s.name, tool.name, s.version) == qualified).then(|| {

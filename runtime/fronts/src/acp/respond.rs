@@ -68,7 +68,7 @@ pub async fn respond(
 
 async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), RpcError> {
     let null = Value::Null;
-    let limit = app.engine.config.max_body_bytes;
+    let limit = app.engine.config().max_body_bytes;
     let bytes = crate::http::body::read_bytes(req, limit)
         .await
         .map_err(|e| rpc(e.status, &null, INVALID_REQUEST, e.body.error.message))?;

@@ -67,7 +67,7 @@ fn annotations(engine: &Engine, qualified: &str) -> Option<Annotations> {
     let (name, version) = qualified.rsplit_once('@')?;
     let (toolset, tool) = name.rsplit_once('.')?;
     let version = semver::Version::parse(version).ok()?;
-    let loaded = engine.registry.get(toolset, Some(&version))?;
+    let loaded = engine.registry().get(toolset, Some(&version))?;
     loaded
         .stored
         .manifest

@@ -67,7 +67,7 @@ impl Engine {
 
     /// [`Engine::events`] without a wait, for a reader following the
     /// thread whose tip is `tip` ([`crate::store::Store::events_to_tip`]).
-    pub(crate) async fn events_to_tip(
+    pub async fn events_to_tip(
         &self,
         group_id: &str,
         after: u64,
@@ -164,7 +164,7 @@ const BEHIND_MOST: Duration = Duration::from_millis(100);
 
 /// A page of a thread's events, as [`next_page`] read it.
 #[derive(Debug, PartialEq)]
-pub(crate) struct Page {
+pub struct Page {
     pub events: Vec<Event>,
     /// The read found the end of the log, at or past the tip known when it
     /// read: nothing newer is worth reading until the tip moves past it.
@@ -183,7 +183,7 @@ pub(crate) struct Page {
 /// (a cluster on replicated streams): it is tried again after a growing
 /// pause rather than at once, which would spin until the replica caught
 /// up. `None` when the tip can no longer move.
-pub(crate) async fn next_page<F, Fut, E>(
+pub async fn next_page<F, Fut, E>(
     cursor: u64,
     tip: &mut tokio::sync::watch::Receiver<u64>,
     at_tip: bool,

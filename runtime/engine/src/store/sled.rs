@@ -444,13 +444,16 @@ impl SledStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl SledStore {
     /// Fails every later write, as a failed insert or flush would.
-    pub(crate) fn poison(&self) {
+    pub fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
     }
+}
 
+#[cfg(test)]
+impl SledStore {
     /// Whether the thread has a commit held back, not yet in sled.
     pub(crate) fn holds(&self, group_id: &str) -> bool {
         self.held.lock().expect("held lock").contains_key(group_id)

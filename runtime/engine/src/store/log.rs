@@ -21,7 +21,7 @@ use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 
 /// One command's changes to a thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Commit {
+pub struct Commit {
     pub meta: ThreadMeta,
     pub calls: Vec<CallRecord>,
     pub events: Vec<Event>,
@@ -30,14 +30,14 @@ pub(crate) struct Commit {
 /// Only a commit's events: readers of a thread's events decode this and
 /// skip the rest of each commit.
 #[derive(Deserialize)]
-pub(crate) struct CommitEvents {
+pub struct CommitEvents {
     pub events: Vec<Event>,
 }
 
 /// A commit without its events, which decoding skips: what a thread's last
 /// commit is kept as, and what finding a call in a commit needs.
 #[derive(Deserialize)]
-pub(crate) struct CommitHead {
+pub struct CommitHead {
     pub meta: ThreadMeta,
     pub calls: Vec<CallRecord>,
 }
@@ -126,13 +126,13 @@ impl Commit {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+pub mod tests {
     use super::*;
     use crate::thread::Submission;
     use ferry_proto::api::CallStatus;
 
     /// A queued call, for store tests.
-    pub(crate) fn call(id: &str) -> CallRecord {
+    pub fn call(id: &str) -> CallRecord {
         let submission = Submission {
             operation: "t".into(),
             arguments: serde_json::json!({}),

@@ -1,15 +1,14 @@
 //! The storage port: threads' logs and metadata, calls, and registered
 //! toolsets. The engine owns this trait; `sled` is its embedded adapter (the
-//! NATS JetStream adapter is the cluster's).
+//! NATS JetStream adapter is the cluster's, in `ferry-nats`).
 //!
 //! **Invariant:** only the sled adapter opens sled.
 
-pub(crate) mod codec;
-pub(crate) mod commit;
+pub mod codec;
+pub mod commit;
 pub mod deferred;
-pub mod jetstream;
 mod keys;
-pub(crate) mod log;
+pub mod log;
 pub mod sled;
 
 use async_trait::async_trait;
@@ -60,7 +59,7 @@ impl Watch {
 
     /// A watch of `group_id` whose drop removes the thread's entry from a
     /// store's `tips` once `idle` says nothing else holds it.
-    pub(crate) fn of_tip<T: Send + 'static>(
+    pub fn of_tip<T: Send + 'static>(
         receiver: watch::Receiver<u64>,
         tips: &Arc<Mutex<HashMap<String, T>>>,
         group_id: &str,
@@ -109,7 +108,7 @@ impl Drop for Watch {
 /// after the drop (a restart is a new process, where this cannot happen),
 /// so retry while the lock is held, for up to 10 s.
 #[cfg(test)]
-pub(crate) async fn open_when_unlocked<T, E: std::fmt::Display>(
+pub async fn open_when_unlocked<T, E: std::fmt::Display>(
     open: impl Fn() -> Result<T, E>,
 ) -> Result<T, E> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

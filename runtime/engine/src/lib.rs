@@ -1,0 +1,17 @@
+//! Ferry's engine: it runs the pure thread state machine (`ferry-core`) on a
+//! store and answers once what it decided is durable. Here are the ports it
+//! owns (`store::Store`, `bus::Bus`, `sessions::Sessions`), their embedded
+//! adapters (`store::sled`, `bus::LocalBus`, `sessions::InMemory`), and the
+//! metrics it records. No HTTP: errors name an `ErrorCode`, and the fronts
+//! choose statuses.
+
+pub mod bus;
+pub mod engine;
+pub mod metrics;
+pub mod sessions;
+pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use engine::{Config, Engine};
+pub use ferry_core::{digest, thread, token, toolsets};

@@ -1,0 +1,48 @@
+//! Helpers for unit tests here and in the fronts (feature `testing`): an
+//! engine on a given sled store, and a plain call to submit to it.
+
+use std::sync::Arc;
+
+use crate::bus::LocalBus;
+use crate::store::SledStore;
+use crate::thread::{Command, NewCall, Submission};
+use crate::token::Capabilities;
+use crate::{Config, Engine};
+
+/// An engine on `store` with the default configuration, an in-process
+/// bus, and its tokens minted with the secret `secret`.
+pub fn engine(store: Arc<SledStore>) -> Engine {
+    Engine::new(
+        Config::default(),
+        store,
+        Arc::new(LocalBus::new()),
+        Capabilities::new(b"secret"),
+        reqwest::Client::new(),
+    )
+}
+
+/// A call `id` of the demo tool's `echo` with `text`.
+pub fn call(id: &str, text: &str) -> NewCall {
+    NewCall {
+        id: id.into(),
+        submission: Submission {
+            operation: "echo".into(),
+            arguments: serde_json::json!({ "text": text }),
+            call_id: None,
+            user_id: None,
+            thread_ancestors: None,
+        },
+        tool: "demo.echo@1.0.0".into(),
+        target: None,
+        gate: None,
+    }
+}
+
+/// An engine on a sled store in `dir` whose thread `g` holds one call
+/// `c1`, queued (no worker takes it).
+pub async fn queued(dir: &std::path::Path) -> Arc<Engine> {
+    let engine = Arc::new(engine(Arc::new(SledStore::open(dir).unwrap())));
+    let submit = Command::Submit(call("c1", "x"));
+    engine.execute("g", submit).await.unwrap();
+    engine
+}

@@ -1,0 +1,11 @@
+//! Ferry's fronts: the native HTTP API with its dashboard (`http`), MCP,
+//! OXP and ACP. Each turns its protocol's requests into the engine's and
+//! the engine's answers and errors into its protocol's shape; HTTP statuses
+//! are chosen here and nowhere else.
+
+pub mod acp;
+pub mod http;
+pub mod mcp;
+pub mod oxp;
+
+use ferry_engine::{digest, engine, metrics, store, thread, toolsets};
