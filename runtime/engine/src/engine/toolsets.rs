@@ -194,10 +194,8 @@ impl Engine {
             .await
             .map_err(|e| match e {
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
-                // Stored by an earlier build that took such a URL.
-                DiscoveryError::BadUrl(_) => Error::InvalidRequest(format!(
-                    "{e}; register the toolset again from its base URL"
-                )),
+                // Stored URLs were checked when registered; kept total.
+                DiscoveryError::BadUrl(_) => Error::InvalidRequest(e.to_string()),
                 DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
             })?;
         if manifest.name != name {

@@ -9,8 +9,7 @@
 //! commit and LZ4 removes about half of it for a few hundred nanoseconds.
 //!
 //! The first byte tells the encodings apart: `0xc1` (a byte MessagePack
-//! never uses) starts a compressed value; `{` a value written as JSON by
-//! earlier versions, which is still read; anything else is MessagePack.
+//! never uses) starts a compressed value; anything else is MessagePack.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -58,7 +57,6 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
             let packed = decompress(&bytes[1..])?;
             rmp_serde::from_slice(&packed).map_err(|e| e.to_string())
         }
-        Some(b'{') => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
         _ => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
     };
     decoded.map_err(Error::Corrupt)
@@ -86,14 +84,16 @@ mod tests {
     use crate::thread::CallRecord;
 
     #[test]
-    fn reads_what_it_writes_and_the_json_of_earlier_versions() {
+    fn reads_what_it_writes_and_refuses_json() {
         let record = call("a");
         let packed = encode(&record);
-        assert_ne!(packed.first(), Some(&b'{'));
         assert_eq!(decode::<CallRecord>(&packed).unwrap(), record);
         let json = serde_json::to_vec(&record).unwrap();
-        assert_eq!(decode::<CallRecord>(&json).unwrap(), record);
         assert!(packed.len() < json.len());
+        assert!(matches!(
+            decode::<CallRecord>(&json),
+            Err(Error::Corrupt(_))
+        ));
     }
 
     #[test]
@@ -112,7 +112,7 @@ mod tests {
             packed.len()
         );
         assert_eq!(decode::<CallRecord>(&stored).unwrap(), record);
-        // What earlier versions wrote uncompressed is still read.
+        // A large value that does not compress is kept packed, and read.
         assert_eq!(decode::<CallRecord>(&packed).unwrap(), record);
     }
 

@@ -58,8 +58,8 @@ const RECENT_EVENTS: usize = 128;
 /// later at most (after a flush, like any other).
 const HOLD_BACK: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// Trees of the layout before this one (a journal beside per-record
-/// trees); a data directory holding them is refused, not misread.
+/// Trees of an older layout (a journal beside per-record trees); a data
+/// directory holding them is refused at open, not misread.
 const OLD_LAYOUT_TREES: [&str; 3] = ["journal", "threads", "events"];
 
 pub struct SledStore {
@@ -171,13 +171,21 @@ impl SledStore {
             .open()
             .map_err(backend)?;
         let names = db.tree_names();
-        if let Some(old) = OLD_LAYOUT_TREES
+        let old_trees = OLD_LAYOUT_TREES
             .iter()
             .find(|t| names.iter().any(|n| n.as_ref() == t.as_bytes()))
-        {
+            .map(|old| format!("it has a {old:?} tree"));
+        // A layout that stored JSON: every value starts with `{`, which
+        // MessagePack would read as a number. One value tells.
+        let json = || {
+            let log = db.open_tree("log").ok()?;
+            let (_, first) = log.iter().next()?.ok()?;
+            (first.first() == Some(&b'{')).then(|| "its values are JSON".to_owned())
+        };
+        if let Some(why) = old_trees.or_else(json) {
             return Err(Error::Backend(format!(
-                "{} was written by an older Ferry (it has a {old:?} tree); this version keeps \
-                 one commit per command and cannot read it: start with an empty --data directory",
+                "{} was written by an older Ferry ({why}); this version cannot read it: \
+                 start with an empty --data directory",
                 dir.display()
             )));
         }
@@ -1431,42 +1439,23 @@ mod tests {
         assert!(message.contains("older Ferry"), "{message}");
     }
 
-    /// The third session's layout stored JSON values: they still read, and
-    /// the thread goes on in MessagePack.
+    /// A directory whose commits are JSON (a layout before MessagePack)
+    /// is refused at open with the same error, not misread later.
     #[tokio::test]
-    async fn json_values_of_an_earlier_version_still_read() {
+    async fn a_directory_of_json_values_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = SledStore::open(dir.path()).unwrap();
-            let mut state = ThreadState::new("g");
-            state.meta.last_seq = 1;
-            state.meta.unsettled.insert("a".into());
-            let call = with_status("a", CallStatus::Queued);
-            state.calls.insert("a".into(), call);
-            let events = [event("g", 1)];
-            let commit = Commit::of(&Write {
-                expected_last_seq: 0,
-                state: &state,
-                events: &events,
-            });
-            store
-                .log
-                .insert(keys::commit("g", 1), serde_json::to_vec(&commit).unwrap())
+            let db = sled::open(dir.path()).unwrap();
+            let log = db.open_tree("log").unwrap();
+            log.insert(keys::commit("g", 1), &b"{\"meta\":{}}"[..])
                 .unwrap();
-            store._db.flush().unwrap();
+            db.flush().unwrap();
         }
-        let store = reopen(dir.path()).await;
-        assert_eq!(store.events("g", 0, 10).await.unwrap(), [event("g", 1)]);
-        assert_eq!(
-            store.open_calls().await.unwrap(),
-            [("g".to_owned(), "a".to_owned())]
-        );
-        commit(&store, "g", 2, &[with_status("b", CallStatus::Queued)]).await;
-        drop(store);
-        let store = reopen(dir.path()).await;
-        let state = store.load("g", &["a", "b"]).await.unwrap();
-        assert_eq!(state.meta.last_seq, 2);
-        assert_eq!(state.calls["a"].status, CallStatus::Queued, "from its copy");
-        assert_eq!(state.calls["b"].status, CallStatus::Queued);
+        let message = crate::store::open_when_unlocked(|| SledStore::open(dir.path()))
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(message.contains("older Ferry"), "{message}");
     }
 }
