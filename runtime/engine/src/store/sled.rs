@@ -7,8 +7,7 @@
 //!   commit is its current metadata and a range scan reads its events.
 //! - `calls` — call key → where the call's record is when its thread moves
 //!   on (the rule is in `store::log`): the sequence number of the commit
-//!   that last carried it. Earlier versions kept a copy of the record
-//!   itself; both are read.
+//!   that last carried it.
 //! - `toolsets` — `name\0version` → the stored toolset.
 //!
 //! Why one key per command: a single-key insert is atomic, so a command
@@ -277,12 +276,11 @@ impl SledStore {
     /// older).
     fn copy(&self, group_id: &str, id: &str) -> Result<Option<CallRecord>, Error> {
         match self.calls.get(keys::call(group_id, id)).map_err(backend)? {
-            Some(bytes) => match Moved::of(&bytes)? {
-                Moved::At(seq) => self
-                    .carried(group_id, id, seq, &mut HashMap::new())
-                    .map(Some),
-                Moved::Record(call) => Ok(Some(*call)),
-            },
+            Some(bytes) => {
+                let seq = pointer::read(&bytes)?;
+                self.carried(group_id, id, seq, &mut HashMap::new())
+                    .map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -351,7 +349,7 @@ impl SledStore {
             self.settle_held(group_id)?;
         }
         // Where they are now: the last commit, which carries them.
-        let at = Moved::pointer(last.as_ref().map_or(0, |l| l.meta.last_seq));
+        let at = pointer::of(last.as_ref().map_or(0, |l| l.meta.last_seq));
         for call in moved {
             let pointed = self
                 .calls
@@ -521,31 +519,27 @@ fn last_commits(log: &sled::Tree) -> impl Iterator<Item = Result<Commit, Error>>
     })
 }
 
-/// What the `calls` tree holds for a call its thread moved on from.
-enum Moved {
-    /// The sequence number (key) of the commit that last carried it.
-    At(u64),
-    /// The record itself, as earlier versions kept it.
-    Record(Box<CallRecord>),
-}
+/// What the `calls` tree holds for a call its thread moved on from: the
+/// sequence number (key) of the commit that last carried it, always 9
+/// bytes, MessagePack's `uint 64` (`0xcf` and the number, big-endian).
+mod pointer {
+    use super::Error;
 
-impl Moved {
-    /// A pointer is always 9 bytes, MessagePack's `uint 64` (`0xcf` and the
-    /// number, big-endian), never the shortest encoding: a small number is
-    /// one byte, and 123 would be `{`, which reads as JSON. A record (a
-    /// map) never has this shape.
-    fn pointer(seq: u64) -> [u8; 9] {
+    pub fn of(seq: u64) -> [u8; 9] {
         let mut bytes = [0xcf; 9];
         bytes[1..].copy_from_slice(&seq.to_be_bytes());
         bytes
     }
 
-    fn of(bytes: &[u8]) -> Result<Self, Error> {
+    pub fn read(bytes: &[u8]) -> Result<u64, Error> {
         match bytes {
-            [0xcf, seq @ ..] if seq.len() == 8 => Ok(Moved::At(u64::from_be_bytes(
-                seq.try_into().expect("8 bytes"),
+            [0xcf, seq @ ..] if seq.len() == 8 => {
+                Ok(u64::from_be_bytes(seq.try_into().expect("8 bytes")))
+            }
+            _ => Err(Error::Corrupt(format!(
+                "a call's pointer is {} bytes, not 9",
+                bytes.len()
             ))),
-            _ => decode(bytes).map(|call| Moved::Record(Box::new(call))),
         }
     }
 }
@@ -721,14 +715,9 @@ impl Store for SledStore {
         let thread = keys::thread(group_id);
         for entry in self.calls.scan_prefix(&thread) {
             let (key, value) = entry.map_err(backend)?;
-            let call = match Moved::of(&value)? {
-                Moved::Record(call) => *call,
-                Moved::At(seq) => {
-                    let id = std::str::from_utf8(&key[thread.len()..])
-                        .map_err(|_| Error::Corrupt("call key".into()))?;
-                    self.carried(group_id, id, seq, &mut read)?
-                }
-            };
+            let id = std::str::from_utf8(&key[thread.len()..])
+                .map_err(|_| Error::Corrupt("call key".into()))?;
+            let call = self.carried(group_id, id, pointer::read(&value)?, &mut read)?;
             out.insert(call.id.clone(), call);
         }
         let last = self.last_commit(group_id)?;
@@ -1299,10 +1288,7 @@ mod tests {
     #[test]
     fn pointers_read_back_whatever_the_number() {
         for seq in [0, 1, 123, 127, 128, 255, 65_535, u32::MAX as u64, u64::MAX] {
-            match Moved::of(&Moved::pointer(seq)) {
-                Ok(Moved::At(read)) => assert_eq!(read, seq),
-                _ => panic!("pointer to {seq} misread"),
-            }
+            assert_eq!(pointer::read(&pointer::of(seq)).unwrap(), seq);
         }
     }
 
@@ -1331,11 +1317,11 @@ mod tests {
     }
 
     /// A call its thread moved on from is found through the sequence number
-    /// of the commit that carries it; a copy of the whole record, as earlier
-    /// versions kept, is still read; a pointer to a commit without the call
-    /// is corruption, not a missing call.
+    /// of the commit that carries it; anything else in its place, or a
+    /// pointer to a commit without the call, is corruption, not a missing
+    /// call.
     #[tokio::test]
-    async fn a_moved_call_is_found_through_its_commit_or_an_old_copy() {
+    async fn a_moved_call_is_found_through_the_commit_that_carries_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
         commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
@@ -1349,20 +1335,18 @@ mod tests {
             CallStatus::Completed
         );
 
-        let old = with_status("old", CallStatus::Failed);
-        let record = rmp_serde::to_vec_named(&old).unwrap();
-        store.calls.insert(keys::call("g", "old"), record).unwrap();
-        assert_eq!(store.copy("g", "old").unwrap(), Some(old));
-        assert_eq!(call_ids(&store, "g").await, ["a", "b", "old"]);
+        let record = rmp_serde::to_vec_named(&with_status("c", CallStatus::Failed)).unwrap();
+        store.calls.insert(keys::call("g", "c"), record).unwrap();
+        assert!(matches!(store.copy("g", "c"), Err(Error::Corrupt(_))));
 
         store
             .calls
-            .insert(keys::call("g", "lost"), Moved::pointer(1).as_slice())
+            .insert(keys::call("g", "lost"), pointer::of(1).as_slice())
             .unwrap();
         assert!(matches!(store.copy("g", "lost"), Err(Error::Corrupt(_))));
         store
             .calls
-            .insert(keys::call("g", "gone"), Moved::pointer(9).as_slice())
+            .insert(keys::call("g", "gone"), pointer::of(9).as_slice())
             .unwrap();
         assert!(matches!(store.copy("g", "gone"), Err(Error::Corrupt(_))));
     }
