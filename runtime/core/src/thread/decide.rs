@@ -720,8 +720,8 @@ fn view_update(state: &ThreadState, id: &str, v: &ViewUpdate) -> Result<Decision
     if !state.meta.views.contains_key(&v.view_type) && state.meta.views.len() >= MAX_VIEWS {
         return Err(Rejection::TooManyViews(v.view_type.clone()));
     }
-    // A view's name counts too; an update that does not grow the views
-    // is taken even past the bound (a thread an older build let grow).
+    // A view's name counts too. An update that does not grow the views
+    // is taken even past the bound, so that the bound may be lowered.
     let size =
         |view_type: &str, content: &serde_json::Value| view_type.len() + content.to_string().len();
     let others: usize = state

@@ -118,12 +118,11 @@ impl CallRecord {
         }
     }
 
-    /// Whether the call still waits to reach its tool: queued, and no
-    /// subscription event from the tool proves it already has it (such an
-    /// event now moves the call to `dispatched`; logs written by older
-    /// builds may hold queued calls with events).
+    /// Whether the call still waits to reach its tool: queued (a
+    /// subscription event from the tool proves it has the call, and moves
+    /// it to `dispatched`).
     pub fn awaits_dispatch(&self) -> bool {
-        self.status == CallStatus::Queued && self.subscription_events == 0
+        self.status == CallStatus::Queued
     }
 
     /// Whether Ferry still owes the call something: it is open (queued,

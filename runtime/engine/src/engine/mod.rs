@@ -690,49 +690,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// A log written by an older build may hold a queued call with a
-    /// subscription event (its event came before the tool's 200): at
-    /// recovery it is asked about like a dispatched call, not re-sent and
-    /// then dropped as unwanted, which left it queued for good.
-    #[tokio::test]
-    async fn an_old_queued_call_with_events_is_asked_about_at_recovery() {
-        use ferry_proto::api::{Event, EventKind};
-        use futures::FutureExt;
-        let dir = tempfile::tempdir().unwrap();
-        let bus = LocalBus::new();
-        bus.set_handler(Arc::new(|_| async {}.boxed()));
-        let store = Arc::new(SledStore::open(dir.path()).unwrap());
-        let engine = Arc::new(engine_with(store.clone(), bus));
-        let new = to_tool(call("c1", "a"), "http://127.0.0.1:1");
-        engine.execute("g", Command::Submit(new)).await.unwrap();
-        // What an older build recorded for an event before the 200.
-        let mut state = store.load("g", &["c1"]).await.unwrap();
-        let expected_last_seq = state.meta.last_seq;
-        state.meta.last_seq += 1;
-        state.calls.get_mut("c1").unwrap().subscription_events = 1;
-        let event = Event {
-            seq: state.meta.last_seq,
-            group_id: "g".into(),
-            id: Some("c1".into()),
-            at: now(),
-            idempotency_key: None,
-            kind: EventKind::SubscriptionEvent {
-                text: "early".into(),
-                associative: false,
-                is_final: false,
-            },
-        };
-        let write = Write {
-            expected_last_seq,
-            state: &state,
-            events: &[event],
-        };
-        store.write(write).await.unwrap();
-        store.flush().await.unwrap();
-        let recovered = engine.recover().await.unwrap().await;
-        assert_eq!((recovered.requeued, recovered.checked), (0, 1));
-    }
-
     /// The sweep ends only the timers armed before its listing: a call
     /// accepted (and armed) while it walks every thread is not in its list,
     /// yet still waits for its timeout (a review saw such timeouts fire a

@@ -43,10 +43,7 @@ impl Engine {
                 self.deliver(&group_id, &id, answer);
             }
             match call.status {
-                // A queued call with subscription events (as older builds
-                // left one whose event came before the tool's 200) is the
-                // tool's already: asked about below, not sent again.
-                CallStatus::Queued if call.awaits_dispatch() => queued.push((group_id, call)),
+                CallStatus::Queued => queued.push((group_id, call)),
                 // The deadline is stored with the call: re-arm it.
                 CallStatus::PendingApproval => self.arm(&group_id, &call),
                 status if status.is_open() => {
@@ -130,7 +127,7 @@ impl Engine {
                     pending.insert((group_id, id));
                     rearmed += 1;
                 }
-                CallStatus::Queued if call.awaits_dispatch() => {}
+                CallStatus::Queued => {}
                 status if status.is_open() => {
                     let quiet = humantime::parse_rfc3339(&call.updated_at)
                         .is_ok_and(|at| asked_before.is_some_and(|before| at <= before));
