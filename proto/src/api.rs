@@ -471,11 +471,11 @@ mod tests {
         }
     }
 
-    /// Logs written before `reason` existed hold `subscription_cancelled`
-    /// with an empty payload, as JSON and as MessagePack; both still read,
-    /// and an agent's cancel still writes `{}`.
+    /// An agent's cancel gives no reason: `subscription_cancelled` is
+    /// written with an empty payload, and reads back as no reason, in JSON
+    /// and in MessagePack.
     #[test]
-    fn a_subscription_cancelled_without_a_reason_reads_and_writes_as_before() {
+    fn a_subscription_cancelled_without_a_reason_is_an_empty_payload() {
         use super::EventKind;
         let old = serde_json::json!({"type": "subscription_cancelled", "payload": {}});
         let kind: EventKind = serde_json::from_value(old.clone()).unwrap();
