@@ -8,6 +8,7 @@ pub mod api;
 pub mod bus;
 pub mod error_code;
 pub mod idempotency;
+pub mod jsonrpc;
 pub mod rap;
 
 pub use api::{CallStatus, ErrorBody, Event, EventKind};

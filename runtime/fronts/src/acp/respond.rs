@@ -15,17 +15,15 @@ use tracing::info;
 use super::messages::PERMISSION_PREFIX;
 use crate::engine::requests::Request as EngineRequest;
 use crate::engine::Error;
+use ferry_proto::jsonrpc::{
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+};
+
 use crate::http::path::Path;
 use crate::http::AppState;
 
 /// The reviewer name decisions made over ACP are recorded under.
 pub const ACP_REVIEWER: &str = "acp";
-
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
-const METHOD_NOT_FOUND: i64 = -32601;
-const INVALID_PARAMS: i64 = -32602;
-const INTERNAL_ERROR: i64 = -32603;
 
 /// A JSON-RPC error answer and its HTTP status.
 struct RpcError {

@@ -4,11 +4,9 @@
 
 use serde_json::{json, Map, Value};
 
-pub const PARSE_ERROR: i64 = -32700;
-pub const INVALID_REQUEST: i64 = -32600;
-pub const METHOD_NOT_FOUND: i64 = -32601;
-pub const INVALID_PARAMS: i64 = -32602;
-pub const INTERNAL_ERROR: i64 = -32603;
+pub use ferry_proto::jsonrpc::{
+    INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
+};
 /// The `Mcp-Session-Id` names no live session (the SDKs' convention).
 pub const SESSION_NOT_FOUND: i64 = -32001;
 /// A server error (JSON-RPC's implementation-defined range): Ferry is
