@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::InTheLog;
 use ferry_engine::store::deferred::Deferred;
 use ferry_engine::store::Store;
@@ -21,7 +22,6 @@ use ferry_nats::cluster::stop::{Phase, Stop};
 use ferry_nats::cluster::subjects::Layout;
 use ferry_nats::cluster::{identity, pull, streams, worker};
 use ferry_nats::jetstream::{ClientEvents, JetStreamStore};
-use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 

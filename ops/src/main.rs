@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ferry_dispatch::DispatchConfig;
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
 use ferry_ops::operator::{self, Operator};
 use ferry_ops::serve::{start, ServeOptions};
-use ferry_worker::DispatchConfig;
 use tracing_subscriber::EnvFilter;
 
 /// Ferry allocates many short-lived buffers per request (HTTP, JSON, sled
@@ -519,7 +519,7 @@ async fn serve_metrics(listen: SocketAddr) -> anyhow::Result<()> {
 
 /// Installs the Prometheus recorder; `/metrics` renders it.
 fn install_metrics() -> anyhow::Result<ferry_fronts::http::MetricsRender> {
-    use ferry_worker::metrics::{DISPATCH_LATENCY, DISPATCH_LATENCY_BUCKETS};
+    use ferry_dispatch::metrics::{DISPATCH_LATENCY, DISPATCH_LATENCY_BUCKETS};
     use metrics_exporter_prometheus::Matcher;
     // Buckets make it a Prometheus histogram (the issue asks for one); the
     // exporter's default is a summary, whose quantiles cannot be summed

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::LocalBus;
 use ferry_engine::store::SledStore;
 use ferry_engine::token::Capabilities;
 use ferry_engine::{Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
-use ferry_worker::{DispatchConfig, Dispatcher, Worker};
 use futures::FutureExt;
 use tokio::net::TcpListener;
 use tracing::{info, warn};

@@ -1,7 +1,7 @@
-//! Ferry's worker side: it takes dispatch work, POSTs RAP invocations to
-//! tools with bounded exponential backoff, and reports each outcome through
-//! the [`Outcomes`] trait it owns. It also sends the runtime-to-tool-server
-//! notifications (`rap-3`).
+//! Ferry's dispatch (the worker side): it takes dispatch work, POSTs RAP
+//! invocations to tools with bounded exponential backoff, and reports each
+//! outcome through the [`Outcomes`] trait it owns. It also sends the
+//! runtime-to-tool-server notifications (`rap-3`).
 //!
 //! **Invariant:** a worker keeps nothing between messages; every decision
 //! about a call's state is the runtime's (through [`Outcomes`]).

@@ -191,7 +191,7 @@ pub async fn deploy(
     for i in 0..workers {
         let options = WorkerOptions {
             cluster: cluster(Some(bases[0].clone())),
-            dispatch: ferry_worker::DispatchConfig::default(),
+            dispatch: ferry_dispatch::DispatchConfig::default(),
             reconcile_after: Duration::from_secs(600),
             // They share two cores: each takes work only when the ones
             // before it are full, as `--priority` advises.

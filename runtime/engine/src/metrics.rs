@@ -37,5 +37,5 @@ pub fn describe() {
         Unit::Count,
         "writes made durable by one fsync"
     );
-    ferry_worker::metrics::describe();
+    ferry_dispatch::metrics::describe();
 }

@@ -202,8 +202,8 @@ mod tests {
     use crate::engine::Error;
     use crate::store::SledStore;
     use crate::thread::Rejection;
+    use ferry_dispatch::Outcomes;
     use ferry_proto::api::{CallStatus, Event, EventKind};
-    use ferry_worker::Outcomes;
     use std::time::Duration;
 
     /// An engine whose store holds writes back for `hold` (which is how

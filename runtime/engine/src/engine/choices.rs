@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_worker::ChoiceDelivery;
+use ferry_dispatch::ChoiceDelivery;
 use tracing::{info, warn};
 
 use super::{Engine, Error};

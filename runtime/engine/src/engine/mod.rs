@@ -24,9 +24,9 @@ mod turns;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
+use ferry_dispatch::Notifier;
 use ferry_proto::api::Event;
 use ferry_proto::ErrorCode;
-use ferry_worker::Notifier;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 

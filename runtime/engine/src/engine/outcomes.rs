@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_worker::Outcomes;
+use ferry_dispatch::Outcomes;
 use tracing::warn;
 
 use super::{Engine, Error};

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use ferry_dispatch::CallLiveness;
 use ferry_proto::api::CallStatus;
-use ferry_worker::CallLiveness;
 use futures::StreamExt;
 use tracing::{info, warn};
 

@@ -474,7 +474,7 @@ fn value_of(call: &CallRecord) -> Value {
 #[cfg(test)]
 mod tests {
     use super::{rerun_id, segment, transient};
-    use ferry_worker::Failure;
+    use ferry_dispatch::Failure;
 
     #[test]
     fn failures_another_try_may_mend_are_transient() {

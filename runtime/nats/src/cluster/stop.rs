@@ -7,7 +7,7 @@
 //! attempt waiting for its tool's 200, so that the tool is not sent the call
 //! a second time by the worker that takes it over. Work that was only
 //! waiting (for a free slot, or out a retry's backoff) is handed back at
-//! once (`ferry_worker::Dispatcher::stop`).
+//! once (`ferry_dispatch::Dispatcher::stop`).
 //!
 //! Once the drain time is over the worker gives up: what is still under way
 //! is handed back, and the worker exits. A worker killed outright (SIGKILL)

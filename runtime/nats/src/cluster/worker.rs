@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use ferry_dispatch::{Handled, Worker};
 use ferry_proto::bus::Work;
-use ferry_worker::{Handled, Worker};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 
