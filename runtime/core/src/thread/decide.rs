@@ -614,6 +614,9 @@ fn close(state: &ThreadState) -> Result<Decision, Rejection> {
     Ok(Decision::applied(changes))
 }
 
+/// The result Ferry records for call `id` that failed: an error, whatever
+/// its text says (a tool's own results are errors by RAP's `Error: `
+/// convention, `Callback::is_error`).
 fn failure(id: &str, text: &str) -> Change {
     Change::of(
         id,
@@ -621,7 +624,7 @@ fn failure(id: &str, text: &str) -> Change {
             text: text.to_owned(),
             content: None,
             display_as: None,
-            is_error: text.starts_with("Error: "),
+            is_error: true,
             subscription: false,
             origin: ResultOrigin::Ferry,
             attempts: None,
@@ -694,7 +697,8 @@ fn cancel_subscription_tool(
     if decision.outcome != Outcome::Applied {
         return Ok(decision);
     }
-    let text = if state.meta.active_subscriptions.contains(target) {
+    let active = state.meta.active_subscriptions.contains(target);
+    let text = if active {
         decision.changes.push(Change::of(
             target,
             EventKind::SubscriptionCancelled { reason: None },
@@ -703,9 +707,14 @@ fn cancel_subscription_tool(
     } else {
         format!("Error: {target} is not an active subscription of this thread")
     };
+    // The built-in tool's own result, as a RAP tool would give it.
     let mut result = failure(&call.id, &text);
-    if let EventKind::ToolResult { origin, .. } = &mut result.kind {
+    if let EventKind::ToolResult {
+        origin, is_error, ..
+    } = &mut result.kind
+    {
         *origin = ResultOrigin::Tool;
+        *is_error = !active;
     }
     decision.changes.push(result);
     Ok(decision)
