@@ -7,8 +7,8 @@ use ferry_proto::rap::{Callback, ViewUpdate};
 
 use super::state::{grant_key, CallRecord, ChoiceAnswer, NewCall, Submission, ThreadState};
 use super::{
-    GRANT_REVIEWER_PREFIX, LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS,
-    MAX_VIEWS, MAX_VIEW_BYTES,
+    Reviewer, LOST_CALL_TEXT, LOST_SUBSCRIPTION_TEXT, MAX_ACTIVE_SUBSCRIPTIONS, MAX_VIEWS,
+    MAX_VIEW_BYTES,
 };
 
 /// Something asked of a thread.
@@ -94,7 +94,7 @@ pub enum Command {
     Decide {
         id: String,
         option: PermissionKind,
-        reviewer: String,
+        reviewer: Reviewer,
         reason: Option<String>,
     },
     /// Revokes the thread's standing grant for a tool (`Toolset.tool`).
@@ -540,7 +540,7 @@ fn decided(
     id: &str,
     tool: &str,
     option: PermissionKind,
-    reviewer: &str,
+    reviewer: &Reviewer,
     reason: Option<String>,
 ) -> Vec<Change> {
     let mut changes = vec![Change::of(
@@ -548,13 +548,13 @@ fn decided(
         EventKind::ApprovalDecided {
             option_id: option,
             tool: grant_key(tool).to_owned(),
-            reviewer: reviewer.to_owned(),
+            reviewer: reviewer.recorded(),
             reason: reason.clone(),
         },
     )];
     if !option.allows() {
         let why = reason.map(|r| format!(": {r}")).unwrap_or_default();
-        let text = if reviewer == "timeout" {
+        let text = if *reviewer == Reviewer::Timeout {
             format!("Error: the call to {tool} was rejected: no reviewer approved it in time")
         } else {
             format!("Error: the call to {tool} was rejected by a reviewer{why}")
@@ -670,7 +670,7 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
                 &call.id,
                 &call.tool,
                 kind,
-                &format!("{GRANT_REVIEWER_PREFIX}{from}"),
+                &Reviewer::Grant { from },
                 None,
             )),
             None => changes.push(Change::of(

@@ -5,7 +5,7 @@ use ferry_proto::api::{CallResult, CallStatus, Event, EventKind, PendingChoice, 
 use super::decide::Change;
 use super::state::{ApprovalRecord, Submission};
 use super::state::{CallRecord, ThreadState};
-use super::GRANT_REVIEWER_PREFIX;
+use super::Reviewer;
 
 /// Numbers `changes` after the thread's last event, stamps them with `at`,
 /// folds them into `state`, and returns the events to record.
@@ -198,7 +198,9 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     // Only a reviewer's decision grants: one a grant made
                     // (an ancestor's, say) copied here would outlive that
                     // grant's revocation and pass to this thread's children.
-                    if option_id.is_standing() && !reviewer.starts_with(GRANT_REVIEWER_PREFIX) {
+                    let by_grant =
+                        matches!(Reviewer::from_recorded(reviewer), Reviewer::Grant { .. });
+                    if option_id.is_standing() && !by_grant {
                         meta.grants.insert(tool.clone(), *option_id);
                     }
                     call.approval_deadline = None;

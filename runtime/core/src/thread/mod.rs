@@ -7,10 +7,12 @@
 
 mod decide;
 mod evolve;
+mod reviewer;
 mod state;
 
 pub use decide::{decide, Answer, Change, Command, Decision, Outcome, Rejection};
 pub use evolve::{apply, evolve};
+pub use reviewer::{Reviewer, GRANT_REVIEWER_PREFIX, MAX_REVIEWER_BYTES};
 pub use state::{
     grant_key, ApprovalRecord, CallRecord, ChoiceAnswer, Gate, NewCall, Submission, ThreadMeta,
     ThreadState,
@@ -43,11 +45,6 @@ pub const MAX_VIEWS: usize = 32;
 /// Bounded because the keys live in the call's record, which every commit
 /// touching the call carries (up to 64 keys of at most 256 bytes each).
 pub const MAX_IDEMPOTENCY_KEYS: usize = 64;
-
-/// Starts the reviewer of a decision a standing grant made (`grant:` and
-/// the thread that holds it): an application of a grant, never a grant of
-/// its own. Reserved: no human reviewer may be named so.
-pub const GRANT_REVIEWER_PREFIX: &str = "grant:";
 
 /// The bytes (names, and contents as JSON) one thread's views may hold
 /// together, for the same reason: every later commit of the thread carries

@@ -527,7 +527,7 @@ fn a_tool_that_sent_events_is_not_failed_for_a_missing_ack() {
     ]);
     // Dispatched, not queued: a restart asks the tool about it
     // (`/tool_call_status`) instead of leaving it queued with nothing to
-    // send, which a review found stuck forever after a kill -9.
+    // send, where it would stay stuck forever after a kill -9.
     assert_eq!(status(&state, "s"), CallStatus::Dispatched);
     assert!(!state.calls["s"].awaits_dispatch());
     assert_eq!(state.meta.counts.get(&CallStatus::Queued), Some(&0));
@@ -715,8 +715,8 @@ fn oauth_waits_then_the_result_completes() {
     assert_eq!(state.calls["c"].auth_url.as_deref(), Some("https://auth"));
 }
 
-/// A thread already past the views' byte bound (an older build let it
-/// grow) still takes updates that shrink it, and refuses ones that grow it.
+/// A thread already past the views' byte bound (a bound lowered since it
+/// grew) still takes updates that shrink it, and refuses ones that grow it.
 #[test]
 fn views_past_the_byte_bound_may_shrink_but_not_grow() {
     let mut state = ThreadState::new(G);
@@ -1052,7 +1052,7 @@ fn decide_as(id: &str, option: PermissionKind) -> Command {
     Command::Decide {
         id: id.into(),
         option,
-        reviewer: "ana".into(),
+        reviewer: Reviewer::Person("ana".into()),
         reason: Some("looks fine".into()),
     }
 }
@@ -1166,8 +1166,8 @@ fn standing_grants_apply_to_later_calls_until_revoked() {
 /// A call let through (or refused) by an ancestor's grant records who
 /// decided (`grant:root`) but grants nothing here: the ancestor revoking or
 /// changing its grant must reach this thread's next call, and this thread
-/// must pass nothing of its own to its children (a review found the copy
-/// outliving the revocation, and a destructive tool run without approval).
+/// must pass nothing of its own to its children (a copy would outlive the
+/// revocation, and let a destructive tool run without approval).
 #[test]
 fn an_inherited_grant_is_applied_not_copied() {
     let state = check(vec![
@@ -1193,7 +1193,7 @@ fn an_inherited_grant_is_applied_not_copied() {
 /// A gate's grant is read before the thread's turn. Two first calls at
 /// once, naming different ancestors: the one applied first gives the thread
 /// its ancestors, and the other, whose grant was read for its own, must not
-/// be decided by it (a review saw a call run on such a grant in 2 threads
+/// be decided by it (otherwise a call runs on such a grant, in 2 threads
 /// of 60). Read for the ancestors the thread has, the grant decides.
 #[test]
 fn a_grant_read_for_other_ancestors_than_the_threads_decides_nothing() {
@@ -1346,8 +1346,8 @@ fn a_withdrawn_prompt_cancels_only_a_call_pending_approval() {
 /// Closing a thread ends what is open in it, in the order the calls were
 /// accepted, before `thread_closed`: its tools are told the thread is over,
 /// so a queued call must not reach them and nothing more will come for the
-/// rest (a review found a subscription left active for good, and queued
-/// calls dispatched after `/close_thread`). What already ended stays.
+/// rest (else a subscription stays active for good, and queued calls are
+/// dispatched after `/close_thread`). What already ended stays.
 #[test]
 fn closing_a_thread_ends_what_is_open_in_it() {
     let state = check(vec![
@@ -1402,8 +1402,8 @@ fn closing_a_thread_ends_what_is_open_in_it() {
 }
 
 /// A new question from the tool drops the answer to the last one still
-/// owed (rap-3: a runtime "MUST NOT cache or replay choice responses"; a
-/// review saw the old answer delivered as the new prompt's), and a call
+/// owed (rap-3: a runtime "MUST NOT cache or replay choice responses";
+/// kept, the old answer would be delivered as the new prompt's), and a call
 /// waiting on the user shows the prompt, not the spent `auth_url` (nor an
 /// old prompt once it waits on consent).
 #[test]

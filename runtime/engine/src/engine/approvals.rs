@@ -14,95 +14,19 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::{Engine, Error};
-use crate::thread::{grant_key, CallRecord, Command, Gate, Rejection};
+use crate::thread::{grant_key, CallRecord, Command, Gate, Rejection, Reviewer};
 
-/// The reviewer name the timeout decides as.
-pub const TIMEOUT_REVIEWER: &str = "timeout";
-
-/// Longest reviewer name, in bytes: a name, not a document.
-pub const MAX_REVIEWER_BYTES: usize = 256;
 /// Longest reason a reviewer may give, in bytes; it is stored with the call
 /// and read back to the agent.
 pub const MAX_REASON_BYTES: usize = 4096;
 
-/// Whether `reviewer` names (or could be read as) `name`: the audit trail
-/// must not show a person's decision as one of Ferry's own.
-pub fn reviewer_reads_as(reviewer: &str, name: &str) -> bool {
-    reading(reviewer).eq_ignore_ascii_case(name)
-}
-
-/// How a name reads: around it no whitespace, ASCII's fullwidth forms
-/// (`ａｃｐ`) as ASCII, letters in one case. Invisible characters are
-/// refused outright ([`is_invisible`]); letters of other scripts that look
-/// like Latin ones are not caught.
-fn reading(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
-            c => c,
-        })
-        .collect::<String>()
-        .trim()
-        .to_ascii_lowercase()
-}
-
-/// Characters that show nothing (format characters such as zero-width
-/// spaces, joiners, direction overrides and the byte-order mark; soft
-/// hyphens; variation selectors; fillers): a name holding one can pass
-/// for another, `acp` for `\u{200B}acp`.
-fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{034F}'
-            | '\u{061C}'
-            | '\u{115F}'
-            | '\u{1160}'
-            | '\u{17B4}'
-            | '\u{17B5}'
-            | '\u{180B}'..='\u{180F}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}'
-            | '\u{3164}'
-            | '\u{FE00}'..='\u{FE0F}'
-            | '\u{FEFF}'
-            | '\u{FFA0}'
-            | '\u{FFF9}'..='\u{FFFB}'
-            | '\u{1D173}'..='\u{1D17A}'
-            | '\u{E0000}'..='\u{E0FFF}'
-    )
-}
-
-/// Why a reviewer's name or reason cannot be recorded, if it cannot.
-fn refuse_reviewer(reviewer: &str, reason: Option<&str>) -> Option<String> {
-    let grant = crate::thread::GRANT_REVIEWER_PREFIX;
-    let normalized = reading(reviewer);
-    if normalized.is_empty() || normalized == TIMEOUT_REVIEWER || normalized.starts_with(grant) {
-        return Some(format!(
-            "reviewer {reviewer:?} is empty or reserved (\"{TIMEOUT_REVIEWER}\" and \"{grant}…\" are Ferry's own)"
-        ));
-    }
-    if reviewer.len() > MAX_REVIEWER_BYTES {
-        return Some(format!(
-            "reviewer is {} bytes long; the limit is {MAX_REVIEWER_BYTES}",
-            reviewer.len()
-        ));
-    }
-    // U+2028 and U+2029 are no control characters to Unicode, but line
-    // breaks to a log line or a page.
-    if reviewer
-        .chars()
-        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
-    {
-        return Some(format!(
-            "reviewer {reviewer:?} contains control characters or line breaks"
-        ));
-    }
-    if reviewer.chars().any(is_invisible) {
-        return Some(format!(
-            "reviewer {reviewer:?} contains invisible characters (zero-width, format or filler)"
-        ));
+/// Why a reviewer's decision cannot be recorded, if it cannot: a person's
+/// name Ferry would not record (`Reviewer::person`), or a reason too long.
+fn refuse_decision(reviewer: &Reviewer, reason: Option<&str>) -> Option<String> {
+    if let Reviewer::Person(name) = reviewer {
+        if let Err(why) = Reviewer::person(name) {
+            return Some(why);
+        }
     }
     match reason {
         Some(reason) if reason.len() > MAX_REASON_BYTES => Some(format!(
@@ -169,7 +93,7 @@ impl Engine {
         group_id: &str,
         id: &str,
         option_id: &str,
-        reviewer: &str,
+        reviewer: Reviewer,
         reason: Option<String>,
     ) -> Result<CallRecord, Error> {
         let option = PermissionKind::parse(option_id).ok_or_else(|| {
@@ -177,7 +101,7 @@ impl Engine {
                 "unknown optionId {option_id:?}; expected allow_once, allow_always, reject_once or reject_always"
             ))
         })?;
-        if let Some(why) = refuse_reviewer(reviewer, reason.as_deref()) {
+        if let Some(why) = refuse_decision(&reviewer, reason.as_deref()) {
             return Err(Error::InvalidRequest(why));
         }
         self.decide(group_id, id, option, reviewer, reason).await
@@ -188,13 +112,14 @@ impl Engine {
         group_id: &str,
         id: &str,
         option: PermissionKind,
-        reviewer: &str,
+        reviewer: Reviewer,
         reason: Option<String>,
     ) -> Result<CallRecord, Error> {
+        let shown = reviewer.recorded();
         let command = Command::Decide {
             id: id.into(),
             option,
-            reviewer: reviewer.into(),
+            reviewer,
             reason,
         };
         let executed = match self.execute_in_turn(group_id, command).await {
@@ -226,7 +151,7 @@ impl Engine {
             group_id,
             call_id = id,
             option = option.id(),
-            reviewer,
+            reviewer = shown,
             "approval decided"
         );
         if call.status == CallStatus::Queued {
@@ -323,7 +248,7 @@ impl Engine {
                         .expect("armed lock")
                         .remove(&(g.clone(), id.clone()));
                     match engine
-                        .decide(g, id, PermissionKind::RejectOnce, TIMEOUT_REVIEWER, None)
+                        .decide(g, id, PermissionKind::RejectOnce, Reviewer::Timeout, None)
                         .await
                     {
                         Ok(_) => info!(group_id = ?g, call_id = ?id, "approval timed out"),
@@ -381,39 +306,4 @@ impl Engine {
 /// The channel the engine arms timers on, and its receiving end.
 pub(crate) fn timer_channel() -> (mpsc::UnboundedSender<Timer>, mpsc::UnboundedReceiver<Timer>) {
     mpsc::unbounded_channel()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_that_read_as_ferrys_own_are_refused_and_peoples_names_are_not() {
-        for name in [
-            "ana",
-            "José Ñúñez",
-            "李小龍",
-            "O'Brien-Smith",
-            "ops bot (night)",
-        ] {
-            assert_eq!(refuse_reviewer(name, None), None, "{name}");
-        }
-        for name in [
-            "timeout",
-            " TIMEOUT\t",
-            "ｔｉｍｅｏｕｔ",
-            "grant:x",
-            "Ｇrant:x",
-            "\u{200b}ana",
-            "an\u{2060}a",
-            "\u{e0061}ana",
-            "ana\u{2028}ferry: approved",
-            "ana\u{2029}",
-            "ana\nbob",
-        ] {
-            assert!(refuse_reviewer(name, None).is_some(), "{name:?}");
-        }
-        assert!(reviewer_reads_as("ａｃｐ ", "acp"));
-        assert!(!reviewer_reads_as("acpx", "acp"));
-    }
 }

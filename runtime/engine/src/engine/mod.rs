@@ -37,7 +37,7 @@ use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
 use turns::{Turn, Turns};
 
-pub use approvals::{reviewer_reads_as, MAX_REASON_BYTES, MAX_REVIEWER_BYTES, TIMEOUT_REVIEWER};
+pub use approvals::MAX_REASON_BYTES;
 pub use toolsets::{RegisteredToolset, ToolView};
 
 /// Whether [`Engine::execute_with`] waits for the flush before returning.
@@ -575,7 +575,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::bus::LocalBus;
     use crate::store::SledStore;
-    use crate::thread::NewCall;
+    use crate::thread::{NewCall, Reviewer};
 
     pub(crate) use crate::testing::{call, engine};
 
@@ -648,7 +648,13 @@ pub(crate) mod tests {
         engine.execute("g", Command::Submit(gated)).await.unwrap();
         // Allowed and stored, but the work reaches no worker.
         let lost = engine
-            .decide_approval("g", "c1", "allow_once", "ana", None)
+            .decide_approval(
+                "g",
+                "c1",
+                "allow_once",
+                Reviewer::Person("ana".into()),
+                None,
+            )
             .await;
         assert!(matches!(lost, Err(Error::Bus(_))), "{:?}", lost.err());
         let (sent, mut work) = tokio::sync::mpsc::unbounded_channel();
@@ -657,7 +663,13 @@ pub(crate) mod tests {
             async {}.boxed()
         }));
         let again = engine
-            .decide_approval("g", "c1", "allow_once", "ana", None)
+            .decide_approval(
+                "g",
+                "c1",
+                "allow_once",
+                Reviewer::Person("ana".into()),
+                None,
+            )
             .await;
         assert!(
             matches!(
@@ -676,7 +688,7 @@ pub(crate) mod tests {
     }
 
     /// The gate's deadline is kept to the second; it is rounded up, never
-    /// down (a review measured timeouts of 1 s firing after 0.04 s).
+    /// down (rounded down, a timeout of 1 s can fire after 0.04 s).
     #[tokio::test]
     async fn an_approval_deadline_is_never_before_its_timeout() {
         let dir = tempfile::tempdir().unwrap();
@@ -692,8 +704,8 @@ pub(crate) mod tests {
 
     /// The sweep ends only the timers armed before its listing: a call
     /// accepted (and armed) while it walks every thread is not in its list,
-    /// yet still waits for its timeout (a review saw such timeouts fire a
-    /// minute late, at the next sweep).
+    /// yet still waits for its timeout (ended by this sweep, such a timeout
+    /// would fire a minute late, at the next one).
     #[tokio::test]
     async fn a_sweep_ends_only_timers_armed_before_it_listed_the_calls() {
         let dir = tempfile::tempdir().unwrap();

@@ -4,25 +4,21 @@
 use std::sync::Arc;
 
 use ferry_proto::api::{SubmitCall, SubmitReply};
-use serde::{Deserialize, Serialize};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
-use crate::thread::{Answer, CallRecord, Outcome};
+use crate::thread::{Answer, CallRecord, Outcome, Reviewer};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "request", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum Request {
     Submit {
         call: SubmitCall,
     },
     Callback {
         token: String,
-        #[serde(with = "serde_bytes")]
         body: Vec<u8>,
         /// Its `Idempotency-Key`, quotes removed, if it had one.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
     },
     /// The token's call's `tool_result` was refused for its size (over
@@ -48,15 +44,13 @@ pub enum Request {
         index: Option<usize>,
         text: Option<String>,
         /// The user dismissed the prompt (neither `index` nor `text`).
-        /// Written only when set: older workers read the same request.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         dismissed: bool,
     },
     Decide {
         group_id: String,
         id: String,
         option_id: String,
-        reviewer: String,
+        reviewer: Reviewer,
         reason: Option<String>,
     },
     /// The call's requester takes back a call still waiting for approval
@@ -72,8 +66,7 @@ pub enum Request {
 }
 
 /// What a request did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[derive(Debug, Clone)]
 pub enum Reply {
     Submitted {
         created: bool,
@@ -172,7 +165,7 @@ impl Engine {
                 reviewer,
                 reason,
             } => call(
-                self.decide_approval(&group_id, &id, &option_id, &reviewer, reason)
+                self.decide_approval(&group_id, &id, &option_id, reviewer, reason)
                     .await?,
             ),
             Request::RevokeGrant { group_id, tool } => {

@@ -9,5 +9,5 @@ mod respond;
 mod stream;
 
 pub use messages::{message, permission_request_id, PERMISSION_PREFIX};
-pub use respond::{respond, ACP_REVIEWER};
+pub use respond::respond;
 pub use stream::stream;

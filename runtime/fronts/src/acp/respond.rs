@@ -21,9 +21,7 @@ use ferry_proto::jsonrpc::{
 
 use crate::http::path::Path;
 use crate::http::AppState;
-
-/// The reviewer name decisions made over ACP are recorded under.
-pub const ACP_REVIEWER: &str = "acp";
+use crate::thread::Reviewer;
 
 /// A JSON-RPC error answer and its HTTP status.
 struct RpcError {
@@ -172,7 +170,7 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             group_id: group_id.clone(),
             id: call_id.to_owned(),
             option_id: option.to_owned(),
-            reviewer: ACP_REVIEWER.to_owned(),
+            reviewer: Reviewer::Acp,
             reason: None,
         },
         (Some("cancelled"), _) => EngineRequest::Withdraw {

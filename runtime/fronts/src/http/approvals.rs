@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::body::JsonBody;
 use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
-use crate::engine::reviewer_reads_as;
+use crate::thread::Reviewer;
 
 /// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
 /// first, across threads.
@@ -83,22 +83,13 @@ pub async fn decide(
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<axum::response::Response, ApiError> {
-    // The ACP front decides as "acp" through the same request; a reviewer
-    // here is someone else.
-    if reviewer_reads_as(&decision.reviewer, crate::acp::ACP_REVIEWER) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "reviewer {:?} is reserved for decisions taken over ACP",
-                decision.reviewer
-            ),
-        ));
-    }
     let request = Request::Decide {
         group_id: group_id.clone(),
         id,
         option_id: decision.option_id,
-        reviewer: decision.reviewer,
+        // Checked by the engine: a person may not name themselves as one
+        // of Ferry's own deciders (the timeout, a grant, ACP).
+        reviewer: Reviewer::Person(decision.reviewer),
         reason: decision.reason,
     };
     super::calls::call_reply(&app, &group_id, request).await
