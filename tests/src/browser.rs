@@ -51,9 +51,8 @@ impl Browser {
     pub async fn start() -> anyhow::Result<Browser> {
         let chromium = installed("CHROMIUM", "/usr/bin/chromium", "chromium")?;
         let chromedriver = installed("CHROMEDRIVER", "/usr/bin/chromedriver", "chromium-driver")?;
-        // chromedriver has once exited at start without a word (a CI run
-        // of the twenty-ninth session): a start is tried three times, and
-        // a failure says how it exited.
+        // chromedriver can exit at start without a word (it has on CI):
+        // a start is tried three times, and a failure says how it exited.
         let mut tries = 0;
         let (driver, port) = loop {
             tries += 1;

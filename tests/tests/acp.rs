@@ -300,7 +300,7 @@ async fn a_cancelled_outcome_cancels_the_call() {
 /// A permission Ferry asked for and that was decided since (by a reviewer,
 /// or by the client's other answer) is answered 409 like the native API,
 /// not "unknown request"; a `selected` and a `cancelled` sent at once
-/// yield one outcome, the other answer refused (a review had both taken).
+/// yield one outcome, the other answer refused (never both taken).
 #[tokio::test]
 async fn a_decided_permission_answered_again_is_409_and_races_take_one_outcome() {
     let ferry = Ferry::with_demo().await;

@@ -101,7 +101,7 @@ async fn a_destructive_tool_waits_for_a_reviewer_then_runs() {
 }
 
 /// A call shows its approval deadline while a reviewer is asked, and not
-/// once it was cancelled (a review saw a deadline on a cancelled call).
+/// once it was cancelled (a cancelled call must show no deadline).
 #[tokio::test]
 async fn a_deadline_is_shown_only_while_a_reviewer_is_asked() {
     let tool = tool().await;
@@ -680,8 +680,8 @@ async fn a_patch_one_version_refuses_changes_no_version() {
 }
 
 /// A per-tool policy outlives its tool: when the server drops the tool,
-/// refreshing and registering again still work (a review found both
-/// refused 422 for good, so new tools could never be picked up), and when
+/// refreshing and registering again still work (not both refused 422
+/// for good, which would leave new tools never picked up), and when
 /// the tool comes back, its policy governs it again rather than leave it
 /// ungated. Setting a policy for a tool the toolset lacks is still refused.
 #[tokio::test]
@@ -745,8 +745,8 @@ async fn a_per_tool_policy_outlives_its_tool_without_blocking_a_refresh() {
 
 /// A web page on another site cannot approve a gated call (a browser sends
 /// a `text/plain` POST without asking first), nor change anything else;
-/// a review approved a destructive call and made an `allow_always` grant
-/// that way. Clients that send no `Origin`, and the dashboard's own
+/// otherwise it could approve a destructive call and make an `allow_always`
+/// grant. Clients that send no `Origin`, and the dashboard's own
 /// same-origin requests, go through.
 #[tokio::test]
 async fn a_cross_site_request_changes_nothing() {

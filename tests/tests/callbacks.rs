@@ -778,8 +778,8 @@ async fn a_result_sent_in_chunks_too_large_to_record_fails_its_call() {
 
 /// Past 16 times the limit Ferry stops reading a body through; a result
 /// whose `type`, `group_id` and `id` came before that point still fails
-/// its call (a review found a change that took the cut for malformed JSON
-/// and left the call waiting for a result never sent again).
+/// its call (taking the cut for malformed JSON would leave the call
+/// waiting for a result never sent again).
 #[tokio::test]
 async fn a_result_cut_where_ferry_stops_reading_still_fails_its_call() {
     let s = Setup::new().await;

@@ -103,7 +103,7 @@ async fn bad_answers_are_refused_and_change_nothing() {
     let cases = [
         (json!({"index": 2}), 422, "invalid_choice"),
         (json!({"index": -1}), 422, "invalid_choice"),
-        // Out of range however large (a review got 400 for 2^63).
+        // Out of range however large, up to 2^63 and beyond.
         (
             json!({"index": 9_223_372_036_854_775_808_u64}),
             422,
@@ -357,9 +357,8 @@ async fn a_newer_answer_is_delivered_while_an_older_one_is_retried() {
 /// A newer answer does not wait out an older one's backoff: the older
 /// delivery, pausing between retries, is woken and ends. Seven failed
 /// sends put the older one in a 6.4 s pause (0.1 s doubling); the newer
-/// answer is delivered within 3 s of being made. Before, it waited for
-/// the pause to end (up to a minute, the backoff's cap; a review saw
-/// 11.4 s).
+/// answer is delivered within 3 s of being made, rather than waiting for
+/// the pause to end (up to a minute, the backoff's cap; 11.4 s in a run).
 #[tokio::test]
 async fn a_newer_answer_does_not_wait_out_an_older_ones_backoff() {
     let (ferry, _tool, url) = setup().await;
@@ -392,8 +391,8 @@ async fn sent(seen: &std::sync::atomic::AtomicUsize, n: usize) {
 
 /// rap-3: a runtime "MUST NOT cache or replay choice responses". An answer
 /// still owed when the tool asks again, or when it sends its result, is
-/// not sent after that (a review saw it delivered as the new prompt's
-/// answer, and retried forever after the call completed). Past the first
+/// not sent after that (else it is delivered as the new prompt's answer,
+/// and retried forever after the call completed). Past the first
 /// retry delay (0.1 s, then 0.2 s), nothing more reaches the tool.
 #[tokio::test]
 async fn an_answer_still_owed_is_not_sent_once_the_tool_moved_on() {
@@ -440,8 +439,8 @@ async fn an_answer_still_owed_is_not_sent_once_the_tool_moved_on() {
 }
 
 /// A 429 from the `response_url` asks to try later, like a 5xx: the
-/// answer is sent again, not recorded as refused (a review found it lost,
-/// and the call left with no way to be answered).
+/// answer is sent again, not recorded as refused (which would lose it,
+/// and leave the call with no way to be answered).
 #[tokio::test]
 async fn a_429_from_the_response_url_is_tried_again() {
     let (ferry, _tool, url) = setup().await;

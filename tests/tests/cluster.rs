@@ -1977,8 +1977,8 @@ async fn a_result_whose_commit_nats_refuses_fails_its_call() {
 /// Closing a thread cancels its open calls in one commit, which carries
 /// each of them; when those are more than NATS takes in one message
 /// (each well under the node's own limit), they are cancelled one commit
-/// each and then the thread is closed. A review found such a thread
-/// refused 413 at every close, open for good.
+/// each and then the thread is closed, not refused 413 at every close
+/// and left open for good.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_thread_whose_open_calls_are_large_together_still_closes() {
     let c = Cluster::start(1).await;
@@ -2429,8 +2429,8 @@ mod priorities {
 
     /// After the first worker was full, the room it regains is asked for
     /// again as it frees, so a burst that follows goes to it, not to the
-    /// next worker (a review saw 0–2 of 16 leak to the second when the
-    /// first re-checked its room only as messages came).
+    /// next worker (0–2 of 16 leak to the second when the first re-checks
+    /// its room only as messages come).
     #[tokio::test(flavor = "multi_thread")]
     async fn a_burst_after_the_first_worker_was_full_goes_to_it() {
         let c = Cluster::start(0).await;

@@ -46,8 +46,8 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         let tab = Browser::start().await?;
         // A fragment that is not percent-encoding, or a token no header
         // can carry: the page says it needs the token, and the address
-        // bar is cleared all the same (a review saw the first stop the
-        // page's script, the token left in the address bar).
+        // bar is cleared all the same (the first must not stop the page's
+        // script and leave the token in the address bar).
         let base = page.split('#').next().unwrap_or_default().to_owned();
         for bad in ["/#token=%", "?other#token=%E2%82%AC"] {
             tab.navigate(&format!("{base}{bad}")).await?;
@@ -140,9 +140,9 @@ async fn the_dashboard_is_served_from_the_binary() {
 
 /// Two pending approvals whose ids would join to the same text, ("a/b",
 /// "c") and ("a", "b/c"), are two rows, and the one decided elsewhere
-/// leaves the page (a review saw it stay, its buttons answering 409); and
+/// leaves the page (rather than stay, its buttons answering 409); and
 /// in a thread of more than a page of events (1 000), a later call's
-/// events still show (a review saw "No events.").
+/// events still show (rather than "No events.").
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_never_collide_and_a_long_threads_later_events_show() {
     let tool = TestTool::with_manifest(json!({"name": "db", "tools": [
@@ -208,8 +208,8 @@ async fn rows_never_collide_and_a_long_threads_later_events_show() {
 }
 
 /// Refreshes overlap (the page's timer, a click, a decision): each event
-/// of the selected call is still shown once (a review of the paged reads
-/// saw every row twice).
+/// of the selected call is still shown once (overlapping paged reads must
+/// not show every row twice).
 #[tokio::test(flavor = "multi_thread")]
 async fn overlapping_refreshes_show_each_event_once() {
     let tool = TestTool::start("t", &["op"]).await;

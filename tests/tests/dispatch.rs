@@ -89,7 +89,7 @@ async fn a_4xx_is_never_retried_and_fails_the_call() {
     );
     assert_eq!(tool.invocations().len(), 1);
     // `call_dispatched` means the tool acknowledged the call with a 200;
-    // a refused call has none (a review found one before its failure). The
+    // a refused call has none, not even one before its failure. The
     // attempts ride on the failure.
     assert_eq!(api.types("g").await, ["call_accepted", "tool_result"]);
     assert_eq!(result["payload"]["attempts"], 1, "{result}");
@@ -335,10 +335,10 @@ fn zero_attempts_in_flight_or_ack_timeout_are_refused_at_start() {
 }
 
 /// Values that would only fail later, and quietly, stop `ferry` at start
-/// with an error naming the flag (a review found a `--public-url` without
-/// a scheme accepted, so no callback could ever arrive; an empty `--nats`
-/// retried for ever; a huge `--oxp-wait-secs` dropped every OXP call; a
-/// short worker `--secret` went unreported while NATS was down).
+/// with an error naming the flag (accepted, a `--public-url` without a
+/// scheme means no callback can ever arrive; an empty `--nats` is
+/// retried for ever; a huge `--oxp-wait-secs` drops every OXP call; a
+/// short worker `--secret` goes unreported while NATS is down).
 #[test]
 fn values_that_could_only_fail_later_are_refused_at_start() {
     let data = tempfile::tempdir().unwrap();

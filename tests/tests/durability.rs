@@ -235,7 +235,7 @@ async fn a_4xx_or_unreadable_status_answer_prunes_the_call() {
 
 /// A `subscription_event` that came before the tool's 200 was recorded
 /// proves the tool has the call: after a kill -9 the call is not left
-/// queued with nothing to send (a review found it stuck so forever), it is
+/// queued with nothing to send (it would stay stuck so forever), it is
 /// asked about like any dispatched call, and pruned when the tool lost it.
 #[tokio::test]
 async fn a_call_whose_event_came_before_its_ack_is_asked_about_after_kill_9() {

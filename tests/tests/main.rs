@@ -18,4 +18,5 @@ mod mcp;
 mod operator;
 mod oxp;
 mod streams;
+mod tidy;
 mod toolsets;

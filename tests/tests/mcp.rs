@@ -657,7 +657,7 @@ async fn foreign_origins_and_hosts_get_403_and_the_bearer_token_is_required() {
 
 /// docs/api.md, API tokens: without a token of its own, `/mcp` asks for one
 /// of the native API's `--api-token`s, so that setting them leaves no
-/// way around them (a review ran a tool through `/mcp` without any).
+/// way around them (such as running a tool through `/mcp` without any).
 #[tokio::test]
 async fn without_its_own_token_mcp_asks_for_an_api_token() {
     let options = FerryOptions {

@@ -171,7 +171,7 @@ async fn long_poll_honours_wait_limit_and_after() {
     let (status, _) = api.get("/v1/threads?limit=5000").await;
     assert_eq!(status, 200);
     // However large: a limit past what `usize` holds is the bound too
-    // (a review found it refused as "not a valid number").
+    // (not refused as "not a valid number").
     let huge = "limit=99999999999999999999999999999999999999999";
     let (status, page) = api.get(&events_path("g", huge)).await;
     assert_eq!(status, 200, "{page}");
@@ -461,8 +461,8 @@ async fn closing_a_thread_tells_the_tools_and_refuses_later_calls() {
 /// Closing a thread ends what is open in it: an active subscription, a
 /// call waiting out a `Retry-After`, a call queued behind it. Each is
 /// cancelled (its tool told, as for any cancel), none reaches the tool
-/// after `/close_thread`, and nothing stays active. A review found the
-/// subscription active for good and both calls sent after the close.
+/// after `/close_thread`, and nothing stays active: the subscription is
+/// not left active for good, nor is either call sent after the close.
 #[tokio::test(flavor = "multi_thread")]
 async fn closing_a_thread_ends_what_is_open_in_it() {
     let tool = TestTool::start("S", &["op"]).await;

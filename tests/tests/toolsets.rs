@@ -300,7 +300,7 @@ async fn an_invalid_tool_name_invalidates_the_toolset() {
 
 /// A toolset named `.` or `..` could never be read, refreshed or deleted:
 /// URL normalisation removes such a path segment, even percent-encoded
-/// (a review registered one and then got 404 for every request to it).
+/// (once registered, every request to it would get 404).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_toolset_name_no_url_can_address_is_refused() {
     for name in [".", ".."] {
@@ -1003,7 +1003,7 @@ async fn endless_document(head: &'static str, body_bytes: usize, chunked: bool) 
 
 /// The discovery document is bounded (4 MiB): one past the bound is
 /// refused 422 as soon as its declared length or its bytes show it, not
-/// read whole first (a review's 256 MiB document raised Ferry's memory by
+/// read whole first (that way a 256 MiB document raised Ferry's memory by
 /// 514 MiB, and a server still sending 8 MiB ran into the fetch timeout
 /// and was reported unreachable, 502).
 #[tokio::test(flavor = "multi_thread")]

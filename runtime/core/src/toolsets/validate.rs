@@ -294,7 +294,7 @@ mod tests {
     }
 
     /// A parameter named `arguments` shares its key with errors about the
-    /// arguments as a whole: both are said (a review found one dropped).
+    /// arguments as a whole: both are said, neither dropped for the other.
     #[test]
     fn errors_at_one_key_are_all_kept() {
         let schema = json!({

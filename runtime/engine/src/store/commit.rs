@@ -18,8 +18,7 @@ impl GroupCommit {
     /// write made before the round began.
     ///
     /// One round runs at a time: letting a second start during the first's
-    /// fsync was measured and gained nothing (BENCHMARKS.md, thirty-fifth
-    /// session).
+    /// fsync was measured and gained nothing (BENCHMARKS.md).
     ///
     /// The task holds the database weakly: dropping the store closes sled
     /// (and releases its directory lock) even while the task is parked.

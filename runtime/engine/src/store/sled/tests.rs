@@ -396,7 +396,6 @@ fn a_reader_without_a_watch_never_shows_an_unflushed_commit() {
 /// pointer landing behind the scan, the new last commit not carrying
 /// it), was in neither, and dropped out of the listing: 189–191 of 200
 /// listings here missed it before the commits in between were read.
-/// Found by a review.
 #[test]
 fn calls_lists_a_call_whose_thread_moves_on_during_the_listing() {
     let (rt, _dir, store) = racing_store();
