@@ -271,7 +271,7 @@ async fn deploy_apart(nats: Nats, shape: &Shape<'_>, quota: f64) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::nats_in_msgs;
+    use crate::bench::counters::nats_in_msgs;
 
     /// The bench's count of NATS messages per call rests on `/varz`
     /// counting what clients publish: a real server, three publishes. The
