@@ -1,18 +1,19 @@
 //! The storage port on NATS JetStream, for the cluster: every runtime node
 //! and worker reads and writes the same threads.
 //!
-//! Layout (stream `FERRY_THREADS`, see `cluster::subjects`):
-//! - `ferry.log.<g>.*` — the thread's log: one message per command, a
+//! Layout (partition `p` of `--partitions`, stream `FERRY_THREADS_<p>`,
+//! see `cluster::subjects`):
+//! - `ferry.<p>.log.<g>.*` — the thread's log: one message per command, a
 //!   [`Commit`] holding the command's events, the thread's metadata after
 //!   them, and the calls the command loaded (after them). A commit that
-//!   hands calls to dispatch goes to `ferry.log.<g>.d`, where workers take
+//!   hands calls to dispatch goes to `ferry.<p>.log.<g>.d`, where workers take
 //!   it from (the commit *is* the work: there is no second write that a
-//!   crash could separate from it), any other to `ferry.log.<g>.c`.
+//!   crash could separate from it), any other to `ferry.<p>.log.<g>.c`.
 //!   Appends are compare-and-set on the last sequence of the whole filter
 //!   (`Nats-Expected-Last-Subject-Sequence` with
 //!   `Nats-Expected-Last-Subject-Sequence-Subject`), so the log is one total
 //!   order however many processes write.
-//! - `ferry.call.<g>.<id>` — each call's copy, written when its thread moves
+//! - `ferry.<p>.call.<g>.<id>` — each call's copy, written when its thread moves
 //!   on (the rule is in `store::log`, shared with the sled adapter). Copies
 //!   are compare-and-set, so a slow copier cannot put an older version
 //!   back.

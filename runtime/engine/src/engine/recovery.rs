@@ -1,7 +1,6 @@
 //! Start-up recovery (invariant 7 and `rap-3` "tool_call_status"): calls
 //! still queued are enqueued again; for calls a tool server was already
-//! given (and queued ones that already have subscription events), that
-//! server is asked whether it still processes them; approval timeouts are
+//! given, that server is asked whether it still processes them; approval timeouts are
 //! armed again and answers still owed to a `response_url` delivered again.
 
 use std::sync::Arc;

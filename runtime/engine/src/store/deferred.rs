@@ -1,8 +1,7 @@
 //! A store that is not there yet: a cluster runtime node started while NATS
-//! is unreachable serves its journal at once, and gets its JetStream store
-//! when NATS answers. Until then every read and write is
-//! [`Error::Unavailable`], which the API answers 503 and a node's relay
-//! path never needs (it journals).
+//! is unreachable serves at once, and gets its JetStream store when NATS
+//! answers. Until then every read and write is [`Error::Unavailable`],
+//! which the fronts answer 503 with `Retry-After`.
 
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -1,6 +1,6 @@
 //! Cluster mode: the pieces that join `ferry runtime` nodes and `ferry
-//! worker`s through NATS JetStream. The storage adapter lives with its port
-//! (`store::jetstream`); here are the subject layout, what every process
+//! worker`s through NATS JetStream. The JetStream store is
+//! `crate::jetstream`; here are the subject layout, what every process
 //! must agree on, the consumer workers share, their pulls, how they carry
 //! out the work, and how they stop.
 

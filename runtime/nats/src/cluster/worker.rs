@@ -1,5 +1,5 @@
 //! A worker's loop: it carries out the commits that hand calls to dispatch
-//! (`ferry.log.*.d`, see [`super::streams`]). A commit is acked only after
+//! (`ferry.<p>.log.*.d`, see [`super::streams`]). A commit is acked only after
 //! each of its calls' outcomes is stored (or the call is found no longer
 //! waiting), so a worker killed at any point leaves it to another worker;
 //! the state machine makes the repeat harmless (invariants 2 and 4). The
@@ -193,7 +193,7 @@ pub(crate) async fn hand_back(message: &jetstream::Message) {
     }
 }
 
-/// The calls a commit of `ferry.log.<g>.d` hands to dispatch, as work.
+/// The calls a commit of `ferry.<p>.log.<g>.d` hands to dispatch, as work.
 fn work_in(engine: &Engine, message: &jetstream::Message) -> Result<Vec<Work>, String> {
     let group_id = subjects::group_of(&message.subject).ok_or("not a thread's subject")?;
     let commit: Commit = codec::decode(&message.payload).map_err(|e| e.to_string())?;
