@@ -12,11 +12,11 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::LocalBus;
-use ferry_engine::store::SledStore;
 use ferry_engine::token::Capabilities;
 use ferry_engine::{Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
+use ferry_store_sled::SledStore;
 use futures::FutureExt;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -225,6 +225,7 @@ pub async fn start(
     }));
     engine.start_timers();
     ferry_engine::metrics::describe();
+    ferry_store_sled::commit::describe();
     let loaded = engine.load_toolsets().await?;
     info!(toolsets = loaded.len(), "toolsets loaded");
 

@@ -9,9 +9,9 @@ pub mod bus;
 pub mod engine;
 pub mod metrics;
 pub mod sessions;
-pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use engine::{Config, Engine};
 pub use ferry_core::{digest, thread, token, toolsets};
+pub use ferry_store as store;

@@ -1,13 +1,12 @@
 //! Metric names of the runtime, described once at start-up.
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{describe_counter, describe_gauge};
 
 pub const CALLS_ACCEPTED: &str = "ferry_calls_accepted_total";
 pub const CALLS_REJECTED: &str = "ferry_calls_rejected_total";
 pub const CALLBACKS: &str = "ferry_callbacks_total";
 pub const OUTCOMES: &str = "ferry_call_outcomes_total";
 pub const ACTIVE_SUBSCRIPTIONS: &str = "ferry_active_subscriptions";
-pub const COMMIT_BATCH: &str = "ferry_commit_batch_size";
 pub const WRITE_CONFLICTS: &str = "ferry_write_conflicts_total";
 pub const UNAUTHORIZED: &str = "ferry_api_unauthorized_total";
 
@@ -31,11 +30,6 @@ pub fn describe() {
     describe_gauge!(
         ACTIVE_SUBSCRIPTIONS,
         "subscriptions opened minus closed since start"
-    );
-    describe_histogram!(
-        COMMIT_BATCH,
-        Unit::Count,
-        "writes made durable by one fsync"
     );
     ferry_dispatch::metrics::describe();
 }

@@ -1,17 +1,17 @@
 //! Helpers for unit tests here and in the fronts (feature `testing`): an
-//! engine on a given sled store, and a plain call to submit to it.
+//! engine on a given store, and a plain call to submit to it.
 
 use std::sync::Arc;
 
 use crate::bus::LocalBus;
-use crate::store::SledStore;
+use crate::store::Store;
 use crate::thread::{Command, NewCall, Submission};
 use crate::token::Capabilities;
 use crate::{Config, Engine};
 
 /// An engine on `store` with the default configuration, an in-process
 /// bus, and its tokens minted with the secret `secret`.
-pub fn engine(store: Arc<SledStore>) -> Engine {
+pub fn engine(store: Arc<dyn Store>) -> Engine {
     Engine::new(
         Config::default(),
         store,
@@ -38,10 +38,10 @@ pub fn call(id: &str, text: &str) -> NewCall {
     }
 }
 
-/// An engine on a sled store in `dir` whose thread `g` holds one call
-/// `c1`, queued (no worker takes it).
-pub async fn queued(dir: &std::path::Path) -> Arc<Engine> {
-    let engine = Arc::new(engine(Arc::new(SledStore::open(dir).unwrap())));
+/// An engine on `store` whose thread `g` holds one call `c1`, queued (no
+/// worker takes it).
+pub async fn queued(store: Arc<dyn Store>) -> Arc<Engine> {
+    let engine = Arc::new(engine(store));
     let submit = Command::Submit(call("c1", "x"));
     engine.execute("g", submit).await.unwrap();
     engine

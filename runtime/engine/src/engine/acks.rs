@@ -200,10 +200,10 @@ mod tests {
     use super::*;
     use crate::engine::tests::{call, engine};
     use crate::engine::Error;
-    use crate::store::SledStore;
     use crate::thread::Rejection;
     use ferry_dispatch::Outcomes;
     use ferry_proto::api::{CallStatus, Event, EventKind};
+    use ferry_store_sled::SledStore;
     use std::time::Duration;
 
     /// An engine whose store holds writes back for `hold` (which is how

@@ -574,8 +574,8 @@ pub fn now() -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::bus::LocalBus;
-    use crate::store::SledStore;
     use crate::thread::{NewCall, Reviewer};
+    use ferry_store_sled::SledStore;
 
     pub(crate) use crate::testing::{call, engine};
 

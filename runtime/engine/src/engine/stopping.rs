@@ -35,8 +35,10 @@ impl Engine {
 
 #[cfg(test)]
 pub(crate) mod tests {
-
+    use std::sync::Arc;
     use std::time::Duration;
+
+    use ferry_store_sled::SledStore;
 
     use ferry_proto::api::CallStatus;
 
@@ -49,7 +51,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn stopping_ends_long_polls_and_waits_on_a_call_open_or_still_to_come() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = queued(dir.path()).await;
+        let engine = queued(Arc::new(SledStore::open(dir.path()).unwrap())).await;
         let poll = tokio::spawn({
             let engine = engine.clone();
             async move { engine.events("g", 99, 10, LONG).await }

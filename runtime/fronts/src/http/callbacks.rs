@@ -146,10 +146,11 @@ mod tests {
     use tower::ServiceExt;
 
     use crate::engine::Config;
-    use crate::store::{SledStore, Store};
+    use crate::store::Store;
     use crate::thread::Command;
     use ferry_engine::testing::{call, engine};
     use ferry_engine::token::Capabilities;
+    use ferry_store_sled::SledStore;
 
     /// When the failure of a result refused for its size cannot be
     /// recorded, the tool gets a 5xx, which RAP tools retry (rap-3: "retry

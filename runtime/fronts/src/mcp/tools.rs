@@ -438,7 +438,8 @@ mod tests {
     #[tokio::test]
     async fn an_mcp_wait_on_a_call_ends_with_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = ferry_engine::testing::queued(dir.path()).await;
+        let store = std::sync::Arc::new(ferry_store_sled::SledStore::open(dir.path()).unwrap());
+        let engine = ferry_engine::testing::queued(store).await;
         engine.stop_readers();
         let accepted = Accepted {
             group_id: "g".into(),

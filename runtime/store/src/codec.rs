@@ -14,7 +14,7 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::Error;
+use crate::Error;
 
 /// Starts a compressed value: its uncompressed length (u32, little-endian)
 /// and the LZ4 block follow.
@@ -80,8 +80,8 @@ fn decompress(stored: &[u8]) -> Result<Vec<u8>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::log::tests::call;
-    use crate::thread::CallRecord;
+    use crate::testing::call;
+    use ferry_core::thread::CallRecord;
 
     #[test]
     fn reads_what_it_writes_and_refuses_json() {

@@ -1,6 +1,6 @@
 use super::*;
-use crate::store::log::tests::call;
 use ferry_proto::api::{CallStatus, EventKind};
+use ferry_store::testing::call;
 
 fn event(group_id: &str, seq: u64) -> Event {
     Event {
@@ -17,7 +17,7 @@ fn event(group_id: &str, seq: u64) -> Event {
 /// still hold the directory lock for a moment after the drop (a restart
 /// is a new process, where this cannot happen), so retry, bounded.
 async fn reopen(dir: &Path) -> SledStore {
-    crate::store::open_when_unlocked(|| SledStore::open(dir))
+    crate::open_when_unlocked(|| SledStore::open(dir))
         .await
         .unwrap_or_else(|e| panic!("reopening the store: {e}"))
 }
@@ -636,7 +636,7 @@ async fn a_directory_of_the_old_layout_is_refused() {
         db.open_tree("journal").unwrap();
         db.flush().unwrap();
     }
-    let message = crate::store::open_when_unlocked(|| SledStore::open(dir.path()))
+    let message = crate::open_when_unlocked(|| SledStore::open(dir.path()))
         .await
         .err()
         .expect("refused")
@@ -656,10 +656,30 @@ async fn a_directory_of_json_values_is_refused() {
             .unwrap();
         db.flush().unwrap();
     }
-    let message = crate::store::open_when_unlocked(|| SledStore::open(dir.path()))
+    let message = crate::open_when_unlocked(|| SledStore::open(dir.path()))
         .await
         .err()
         .expect("refused")
         .to_string();
     assert!(message.contains("older Ferry"), "{message}");
+}
+
+/// A watch taken before the store is there ends when it arrives (its
+/// reader then takes one of the real store); one taken after is the
+/// real store's.
+#[tokio::test]
+async fn watches_taken_before_the_store_end_when_it_arrives() {
+    let deferred = ferry_store::deferred::Deferred::default();
+    let mut early = deferred.watch("g");
+    assert!(matches!(
+        deferred.events("g", 0, 10).await,
+        Err(Error::Unavailable(_))
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    deferred.set(Arc::new(SledStore::open(dir.path()).unwrap()));
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), early.changed());
+    assert!(ended.await.unwrap().is_err(), "the early watch ended");
+    let late = deferred.watch("g");
+    assert!(late.has_changed().is_ok(), "the real store's watch is open");
+    assert_eq!(deferred.events("g", 0, 10).await.unwrap(), vec![]);
 }

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use ferry_proto::api::{Event, EventKind};
 use serde::{Deserialize, Serialize};
 
-use super::Write;
-use crate::thread::{CallRecord, ThreadMeta, ThreadState};
+use crate::Write;
+use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 
 /// One command's changes to a thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,22 +126,10 @@ impl Commit {
 }
 
 #[cfg(test)]
-pub mod tests {
+mod tests {
     use super::*;
-    use crate::thread::Submission;
+    use crate::testing::call;
     use ferry_proto::api::CallStatus;
-
-    /// A queued call, for store tests.
-    pub fn call(id: &str) -> CallRecord {
-        let submission = Submission {
-            operation: "t".into(),
-            arguments: serde_json::json!({}),
-            call_id: None,
-            user_id: None,
-            thread_ancestors: None,
-        };
-        CallRecord::queued(id, submission, "T.t@1.0.0".into(), None, 1, "")
-    }
 
     #[test]
     fn only_calls_the_next_commit_drops_are_copied() {

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use ferry_proto::api::Event;
 use tokio::sync::watch;
 
-use super::{Error, Store, Watch, Write};
-use crate::thread::{CallRecord, ThreadMeta, ThreadState};
-use crate::toolsets::StoredToolset;
+use crate::{Error, Store, Watch, Write};
+use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
+use ferry_core::toolsets::StoredToolset;
 
 pub struct Deferred {
     inner: OnceLock<Arc<dyn Store>>,
@@ -165,31 +165,5 @@ impl Store for Deferred {
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
         self.get()?.toolsets().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::sled::SledStore;
-
-    /// A watch taken before the store is there ends when it arrives (its
-    /// reader then takes one of the real store); one taken after is the
-    /// real store's.
-    #[tokio::test]
-    async fn watches_taken_before_the_store_end_when_it_arrives() {
-        let deferred = Deferred::default();
-        let mut early = deferred.watch("g");
-        assert!(matches!(
-            deferred.events("g", 0, 10).await,
-            Err(Error::Unavailable(_))
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        deferred.set(Arc::new(SledStore::open(dir.path()).unwrap()));
-        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), early.changed());
-        assert!(ended.await.unwrap().is_err(), "the early watch ended");
-        let late = deferred.watch("g");
-        assert!(late.has_changed().is_ok(), "the real store's watch is open");
-        assert_eq!(deferred.events("g", 0, 10).await.unwrap(), vec![]);
     }
 }

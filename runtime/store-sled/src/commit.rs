@@ -4,6 +4,18 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::{mpsc, oneshot};
 
+/// The histogram of how many writes one fsync made durable.
+pub const COMMIT_BATCH: &str = "ferry_commit_batch_size";
+
+/// Describes the sled store's metrics to whatever recorder is installed.
+pub fn describe() {
+    metrics::describe_histogram!(
+        COMMIT_BATCH,
+        metrics::Unit::Count,
+        "writes made durable by one fsync"
+    );
+}
+
 type Reply = oneshot::Sender<Result<(), String>>;
 
 /// A handle to the task that fsyncs sled on behalf of every waiting writer.
@@ -49,7 +61,7 @@ impl GroupCommit {
                 let outcome = tokio::task::spawn_blocking(move || flush())
                     .await
                     .unwrap_or_else(|e| Err(e.to_string()));
-                metrics::histogram!(crate::metrics::COMMIT_BATCH).record(waiting.len() as f64);
+                metrics::histogram!(COMMIT_BATCH).record(waiting.len() as f64);
                 for reply in waiting {
                     let _ = reply.send(outcome.clone());
                 }

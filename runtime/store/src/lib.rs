@@ -5,11 +5,10 @@
 //! **Invariant:** only the sled adapter opens sled.
 
 pub mod codec;
-pub mod commit;
 pub mod deferred;
-mod keys;
 pub mod log;
-pub mod sled;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
@@ -18,10 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::thread::{CallRecord, ThreadMeta, ThreadState};
-use crate::toolsets::StoredToolset;
-
-pub use self::sled::SledStore;
+use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
+use ferry_core::toolsets::StoredToolset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -99,28 +96,6 @@ impl Drop for Watch {
         drop(self.receiver.take());
         if let Some(on_drop) = self.on_drop.take() {
             on_drop();
-        }
-    }
-}
-
-/// Opens (with `open`) a sled database just dropped in this process.
-/// sled's I/O threads may still hold the directory's lock for a moment
-/// after the drop (a restart is a new process, where this cannot happen),
-/// so retry while the lock is held, for up to 10 s.
-#[cfg(test)]
-pub async fn open_when_unlocked<T, E: std::fmt::Display>(
-    open: impl Fn() -> Result<T, E>,
-) -> Result<T, E> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match open() {
-            Err(e)
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            other => return other,
         }
     }
 }

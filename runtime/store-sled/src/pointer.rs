@@ -2,7 +2,7 @@
 //! sequence number (key) of the commit that last carried it, always 9
 //! bytes, MessagePack's `uint 64` (`0xcf` and the number, big-endian).
 
-use crate::store::Error;
+use ferry_store::Error;
 
 pub fn of(seq: u64) -> [u8; 9] {
     let mut bytes = [0xcf; 9];

@@ -25,6 +25,8 @@
 //! `HOLD_BACK` and merged into the thread's next commit: a tool that
 //! answers at once costs one insert for both.
 
+pub mod commit;
+mod keys;
 mod pointer;
 mod tip;
 
@@ -40,12 +42,12 @@ use lru::LruCache;
 use std::collections::{hash_map::Entry, BTreeSet, HashMap};
 use tip::Tip;
 
-use super::codec::{decode, encode};
-use super::commit::GroupCommit;
-use super::log::{Commit, CommitEvents, CommitHead};
-use super::{keys, Error, Store, Watch, Write};
-use crate::thread::{CallRecord, ThreadMeta, ThreadState};
-use crate::toolsets::StoredToolset;
+use commit::GroupCommit;
+use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
+use ferry_core::toolsets::StoredToolset;
+use ferry_store::codec::{decode, encode};
+use ferry_store::log::{Commit, CommitEvents, CommitHead};
+use ferry_store::{Error, Store, Watch, Write};
 
 /// Threads whose last commit is kept decoded in memory.
 const CACHED_THREADS: usize = 4096;
@@ -408,18 +410,15 @@ impl SledStore {
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
     }
-}
 
-#[cfg(test)]
-impl SledStore {
     /// Whether the thread has a commit held back, not yet in sled.
-    pub(crate) fn holds(&self, group_id: &str) -> bool {
+    pub fn holds(&self, group_id: &str) -> bool {
         self.held.lock().expect("held lock").contains_key(group_id)
     }
 
     /// [`SledStore::open`], holding commits back for `hold` rather than
     /// [`HOLD_BACK`]: long enough that only a write or a settle ends it.
-    pub(crate) fn open_holding(dir: &Path, hold: std::time::Duration) -> Result<Self, Error> {
+    pub fn open_holding(dir: &Path, hold: std::time::Duration) -> Result<Self, Error> {
         let mut store = Self::open(dir)?;
         store.hold_back = hold;
         Ok(store)
@@ -697,6 +696,28 @@ impl Store for SledStore {
             .values()
             .map(|v| decode(&v.map_err(backend)?))
             .collect()
+    }
+}
+
+#[cfg(test)]
+/// Opens (with `open`) a sled database just dropped in this process.
+/// sled's I/O threads may still hold the directory's lock for a moment
+/// after the drop (a restart is a new process, where this cannot happen),
+/// so retry while the lock is held, for up to 10 s.
+pub(crate) async fn open_when_unlocked<T, E: std::fmt::Display>(
+    open: impl Fn() -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match open() {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
     }
 }
 
