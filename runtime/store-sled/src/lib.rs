@@ -101,11 +101,11 @@ pub struct SledStore {
 }
 
 fn poisoned() -> Error {
-    Error::Backend("an earlier write or flush failed; restart Ferry to recover the store".into())
+    Error::Poisoned
 }
 
-fn backend(e: impl std::fmt::Display) -> Error {
-    Error::Backend(e.to_string())
+fn backend(e: sled::Error) -> Error {
+    Error::Backend(Box::new(e))
 }
 
 impl SledStore {
@@ -136,11 +136,10 @@ impl SledStore {
             (first.first() == Some(&b'{')).then(|| "its values are JSON".to_owned())
         };
         if let Some(why) = old_trees.or_else(json) {
-            return Err(Error::Backend(format!(
-                "{} was written by an older Ferry ({why}); this version cannot read it: \
-                 start with an empty --data directory",
-                dir.display()
-            )));
+            return Err(Error::OlderLayout {
+                dir: dir.display().to_string(),
+                why,
+            });
         }
         let db = Arc::new(db);
         let tree = |name: &str| db.open_tree(name).map_err(backend);
@@ -499,7 +498,7 @@ impl Store for SledStore {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(poisoned());
         }
-        let flushed = self.commit.flush().await.map_err(Error::Backend);
+        let flushed = self.commit.flush().await.map_err(|e| Error::Backend(e.into()));
         if flushed.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }

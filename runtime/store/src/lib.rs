@@ -22,8 +22,16 @@ use ferry_core::toolsets::StoredToolset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The backend failed (an insert, a flush, opening a tree).
     #[error("storage failed: {0}")]
-    Backend(String),
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// An earlier write or flush failed: nothing more goes in until a
+    /// restart recovers the store.
+    #[error("an earlier write or flush failed; restart Ferry to recover the store")]
+    Poisoned,
+    /// The data was written in a layout this build does not read.
+    #[error("{dir} was written by an older Ferry ({why}); this version cannot read it: start with an empty --data directory")]
+    OlderLayout { dir: String, why: String },
     /// The cluster's store (NATS) cannot be reached: try again later.
     #[error("storage is unavailable: {0}")]
     Unavailable(String),

@@ -104,6 +104,9 @@ pub enum Error {
     Store(#[from] store::Error),
     #[error(transparent)]
     Bus(#[from] bus::Error),
+    /// A fault of Ferry's own (a command's task ended without an answer).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -131,6 +134,7 @@ impl Error {
             Error::Store(store::Error::TooLarge(_)) => C::PayloadTooLarge,
             Error::Store(_) => C::StorageError,
             Error::Bus(_) => C::BusUnavailable,
+            Error::Internal(_) => C::InternalError,
         }
     }
 

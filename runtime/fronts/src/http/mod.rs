@@ -69,10 +69,9 @@ impl Perform for Local {
         let engine = self.0.clone();
         match tokio::spawn(async move { engine.perform(request).await }).await {
             Ok(result) => result,
-            Err(e) => Err(crate::store::Error::Backend(format!(
+            Err(e) => Err(crate::engine::Error::Internal(format!(
                 "the command did not complete: {e}"
-            ))
-            .into()),
+            ))),
         }
     }
 }
@@ -90,10 +89,9 @@ pub(crate) async fn submit_call(
         .clone();
     match perform.perform(Request::Submit { call }).await? {
         Reply::Submitted { reply, .. } => Ok(reply.id),
-        other => Err(crate::store::Error::Backend(format!(
+        other => Err(crate::engine::Error::Internal(format!(
             "unexpected reply {other:?} to the submission of {id:?}"
-        ))
-        .into()),
+        ))),
     }
 }
 
