@@ -498,7 +498,11 @@ impl Store for SledStore {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(poisoned());
         }
-        let flushed = self.commit.flush().await.map_err(|e| Error::Backend(e.into()));
+        let flushed = self
+            .commit
+            .flush()
+            .await
+            .map_err(|e| Error::Backend(e.into()));
         if flushed.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
