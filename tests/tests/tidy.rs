@@ -1,7 +1,7 @@
 //! Checks of the tree itself, in the spirit of rust-analyzer's tidy tests:
 //! the crates depend only downwards, the native API's error statuses are
-//! chosen in one table, the README stays short, and comments say why the
-//! code is so rather than who found what.
+//! chosen in one table, the README stays short, ARCHITECTURE.md maps every
+//! crate, and comments say why the code is so rather than who found what.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -275,5 +275,20 @@ fn comments_say_why_not_who_found_it() {
         wrong.is_empty(),
         "provenance in comments:\n{}",
         wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_architecture_maps_every_crate() {
+    let map = fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let missing: Vec<String> = LAYERS
+        .iter()
+        .map(|(name, dir, _)| format!("### `{dir}/` (`{name}`"))
+        .filter(|heading| !map.contains(heading.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's code map lacks: {}",
+        missing.join(", ")
     );
 }
