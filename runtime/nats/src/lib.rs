@@ -5,4 +5,6 @@
 pub mod cluster;
 pub mod jetstream;
 
-use ferry_engine::{engine, store, thread, toolsets};
+use ferry_core::{thread, toolsets};
+use ferry_engine::engine;
+use ferry_store as store;
