@@ -20,7 +20,7 @@ pub enum Submitted {
 
 impl Engine {
     /// Validates, records and enqueues a call. Answers once it is durable.
-    #[instrument(skip_all, fields(group_id = ?req.group_id, call_id = req.id.as_deref().unwrap_or("")))]
+    #[instrument(skip_all, fields(group_id = ?req.group_id, call_id = req.id.as_deref()))]
     pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
         let result = self.submit_inner(req.normalized()).await;
         if let Err(e) = &result {
@@ -71,6 +71,10 @@ impl Engine {
             checked => checked?,
         };
         let id = req.id.clone().unwrap_or_else(fresh_id);
+        if req.id.is_none() {
+            // The span names the call from here on, with the id Ferry chose.
+            tracing::Span::current().record("call_id", id.as_str());
+        }
         let group_id = req.group_id.clone();
         let (command, target) = if let Some(resolved) = resolved {
             let gate = match resolved.approval_timeout {
