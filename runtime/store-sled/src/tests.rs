@@ -628,40 +628,35 @@ async fn recovery_sees_unsettled_calls_and_not_finished_ones_also_after_a_restar
     assert_eq!(store.open_calls().await.unwrap(), expected);
 }
 
+/// A directory of an older layout, with a journal tree or with JSON
+/// commits (before MessagePack), is refused at open with one error, not
+/// misread later.
 #[tokio::test]
-async fn a_directory_of_the_old_layout_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let db = sled::open(dir.path()).unwrap();
-        db.open_tree("journal").unwrap();
-        db.flush().unwrap();
-    }
-    let message = crate::open_when_unlocked(|| SledStore::open(dir.path()))
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(message.contains("older Ferry"), "{message}");
-}
-
-/// A directory whose commits are JSON (a layout before MessagePack)
-/// is refused at open with the same error, not misread later.
-#[tokio::test]
-async fn a_directory_of_json_values_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let db = sled::open(dir.path()).unwrap();
+async fn a_directory_of_an_older_layout_is_refused() {
+    let journal = |db: &sled::Db| drop(db.open_tree("journal").unwrap());
+    let json = |db: &sled::Db| {
         let log = db.open_tree("log").unwrap();
         log.insert(keys::commit("g", 1), &b"{\"meta\":{}}"[..])
             .unwrap();
-        db.flush().unwrap();
+    };
+    for (older, why) in [
+        (&journal as &dyn Fn(&sled::Db), "a \"journal\" tree"),
+        (&json, "its values are JSON"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::open(dir.path()).unwrap();
+            older(&db);
+            db.flush().unwrap();
+        }
+        let message = crate::open_when_unlocked(|| SledStore::open(dir.path()))
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(message.contains("older Ferry"), "{message}");
+        assert!(message.contains(why), "{message}");
     }
-    let message = crate::open_when_unlocked(|| SledStore::open(dir.path()))
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(message.contains("older Ferry"), "{message}");
 }
 
 /// A watch taken before the store is there ends when it arrives (its
