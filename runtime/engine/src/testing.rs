@@ -12,10 +12,15 @@ use crate::{Config, Engine};
 /// An engine on `store` with the default configuration, an in-process
 /// bus, and its tokens minted with the secret `secret`.
 pub fn engine(store: Arc<dyn Store>) -> Engine {
+    engine_with(store, LocalBus::new())
+}
+
+/// [`engine`], handing its work to `bus`.
+pub fn engine_with(store: Arc<dyn Store>, bus: LocalBus) -> Engine {
     Engine::new(
         Config::default(),
         store,
-        Arc::new(LocalBus::new()),
+        Arc::new(bus),
         Capabilities::new(b"secret"),
         reqwest::Client::new(),
     )

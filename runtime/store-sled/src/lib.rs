@@ -128,22 +128,25 @@ impl SledStore {
             .iter()
             .find(|t| names.iter().any(|n| n.as_ref() == t.as_bytes()))
             .map(|old| format!("it has a {old:?} tree"));
-        // A layout that stored JSON: every value starts with `{`, which
-        // MessagePack would read as a number. One value tells.
-        let json = || {
-            let log = db.open_tree("log").ok()?;
-            let (_, first) = log.iter().next()?.ok()?;
-            (first.first() == Some(&b'{')).then(|| "its values are JSON".to_owned())
+        let older = |why| Error::OlderLayout {
+            dir: dir.display().to_string(),
+            why,
         };
-        if let Some(why) = old_trees.or_else(json) {
-            return Err(Error::OlderLayout {
-                dir: dir.display().to_string(),
-                why,
-            });
+        // Refused before any tree is opened: a refused directory is left
+        // as it was.
+        if let Some(why) = old_trees {
+            return Err(older(why));
         }
         let db = Arc::new(db);
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let log = tree("log")?;
+        // A layout that stored JSON: every value starts with `{`, which
+        // MessagePack would read as a number. One value tells.
+        if let Some(Ok((_, first))) = log.iter().next() {
+            if first.first() == Some(&b'{') {
+                return Err(older("its values are JSON".to_owned()));
+            }
+        }
         let (calls, toolsets) = (tree("calls")?, tree("toolsets")?);
         let mut unsettled = BTreeSet::new();
         for last in last_commits(&log) {

@@ -618,15 +618,20 @@ fn close(state: &ThreadState) -> Result<Decision, Rejection> {
 /// its text says (a tool's own results are errors by RAP's `Error: `
 /// convention, `Callback::is_error`).
 fn failure(id: &str, text: &str) -> Change {
+    plain_result(id, text, true, ResultOrigin::Ferry)
+}
+
+/// A text-only `tool_result` for call `id`.
+fn plain_result(id: &str, text: &str, is_error: bool, origin: ResultOrigin) -> Change {
     Change::of(
         id,
         EventKind::ToolResult {
             text: text.to_owned(),
             content: None,
             display_as: None,
-            is_error: true,
+            is_error,
             subscription: false,
-            origin: ResultOrigin::Ferry,
+            origin,
             attempts: None,
         },
     )
@@ -708,15 +713,9 @@ fn cancel_subscription_tool(
         format!("Error: {target} is not an active subscription of this thread")
     };
     // The built-in tool's own result, as a RAP tool would give it.
-    let mut result = failure(&call.id, &text);
-    if let EventKind::ToolResult {
-        origin, is_error, ..
-    } = &mut result.kind
-    {
-        *origin = ResultOrigin::Tool;
-        *is_error = !active;
-    }
-    decision.changes.push(result);
+    decision
+        .changes
+        .push(plain_result(&call.id, &text, !active, ResultOrigin::Tool));
     Ok(decision)
 }
 

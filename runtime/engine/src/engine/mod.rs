@@ -581,18 +581,7 @@ pub(crate) mod tests {
     use crate::thread::{NewCall, Reviewer};
     use ferry_store_sled::SledStore;
 
-    pub(crate) use crate::testing::{call, engine};
-
-    /// [`engine`], handing its work to `bus`.
-    fn engine_with(store: Arc<SledStore>, bus: LocalBus) -> Engine {
-        Engine::new(
-            Config::default(),
-            store,
-            Arc::new(bus),
-            Capabilities::new(b"secret"),
-            reqwest::Client::new(),
-        )
-    }
+    pub(crate) use crate::testing::{call, engine, engine_with};
 
     /// `call`, for a tool at `base`.
     fn to_tool(mut call: NewCall, base: &str) -> NewCall {

@@ -79,15 +79,13 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        let code = e.code();
-        let status = status_of(code);
+        let mut api = ApiError::new(e.code(), e.to_string());
         match &e {
             // A 502, but about the tool server the caller named, not Ferry.
             Error::ToolsetUnreachable(_) => tracing::warn!(error = %e, "request failed"),
-            _ if status.is_server_error() => tracing::error!(error = %e, "request failed"),
+            _ if api.status.is_server_error() => tracing::error!(error = %e, "request failed"),
             _ => {}
         }
-        let mut api = ApiError::new(code, e.to_string());
         if let Error::InvalidArguments(errors) = e {
             api.body.error.parameter_errors = Some(errors);
         }
