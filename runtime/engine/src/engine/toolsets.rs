@@ -58,6 +58,10 @@ impl Engine {
     /// no longer validates is skipped with a warning rather than stopping
     /// start-up.
     pub async fn load_toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
+        // Read and replace under the writers' lock: a snapshot read before
+        // a registration's write, applied after its insert, would take the
+        // new version out of the registry until the next reload.
+        let _writing = self.toolset_writes.lock().await;
         let stored = self.store.toolsets().await?;
         self.use_toolsets(stored.clone());
         Ok(stored)
