@@ -12,9 +12,9 @@ use anyhow::Context;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::InTheLog;
 use ferry_engine::store::deferred::Deferred;
-use ferry_engine::store::Store;
+use ferry_engine::store::{Store, ToolsetStore};
 use ferry_engine::token::Capabilities;
-use ferry_engine::{Config, Engine};
+use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
 use ferry_nats::cluster::mcp_sessions::SharedSessions;
@@ -218,10 +218,10 @@ async fn jetstream_store(
 
 /// The engine both roles run, on `store`; the commits it writes are the
 /// workers' work.
-fn engine(
+fn engine<S: Store + ToolsetStore>(
     options: &ClusterOptions,
     public_url: &str,
-    store: Arc<dyn Store>,
+    store: Arc<S>,
     max_body_bytes: usize,
 ) -> anyhow::Result<Engine> {
     anyhow::ensure!(
@@ -235,6 +235,7 @@ fn engine(
     };
     Ok(Engine::new(
         config,
+        store.clone(),
         store,
         Arc::new(InTheLog),
         Capabilities::new(options.secret.as_bytes()),
@@ -407,7 +408,7 @@ struct StartedWorker {
 
 /// How long a worker waits after a tool's 200 before recording it: a fast
 /// tool's result, recorded by a runtime node meanwhile, makes the record
-/// needless ([`Engine::with_dispatch_grace`]).
+/// needless ([`Acknowledgements::AfterGrace`]).
 const DISPATCH_GRACE: Duration = Duration::from_millis(100);
 
 /// Connects a worker and binds its consumers, waiting out a NATS outage.
@@ -426,7 +427,7 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
             store.clone(),
             Config::default().max_body_bytes,
         )?
-        .with_dispatch_grace(DISPATCH_GRACE),
+        .with_acknowledgements(Acknowledgements::AfterGrace(DISPATCH_GRACE)),
     );
     follow_toolsets(&engine, &store).await?;
     ferry_engine::metrics::describe();

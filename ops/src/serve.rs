@@ -13,7 +13,7 @@ use axum::serve::ListenerExt;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::LocalBus;
 use ferry_engine::token::Capabilities;
-use ferry_engine::{Config, Engine};
+use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
 use ferry_store_sled::SledStore;
@@ -202,13 +202,18 @@ pub async fn start(
         max_body_bytes: options.max_body_bytes,
         ..Config::default()
     };
-    let engine = Arc::new(Engine::new(
-        config,
-        Arc::new(store),
-        Arc::new(bus.clone()),
-        Capabilities::new(&secret),
-        client.clone(),
-    ));
+    let store = Arc::new(store);
+    let engine = Arc::new(
+        Engine::new(
+            config,
+            store.clone(),
+            store,
+            Arc::new(bus.clone()),
+            Capabilities::new(&secret),
+            client.clone(),
+        )
+        .with_acknowledgements(Acknowledgements::SINGLE_PROCESS),
+    );
     let worker = Worker::new(
         Dispatcher::new(client, options.dispatch.clone()),
         engine.clone(),

@@ -12,6 +12,6 @@ pub mod sessions;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use engine::{Config, Engine};
+pub use engine::{Acknowledgements, Config, Engine};
 pub use ferry_core::{digest, thread, token, toolsets};
 pub use ferry_store as store;

@@ -4,26 +4,29 @@
 use std::sync::Arc;
 
 use crate::bus::LocalBus;
-use crate::store::Store;
+use crate::store::{Store, ToolsetStore};
 use crate::thread::{Command, NewCall, Submission};
 use crate::token::Capabilities;
-use crate::{Config, Engine};
+use crate::{Acknowledgements, Config, Engine};
 
 /// An engine on `store` with the default configuration, an in-process
-/// bus, and its tokens minted with the secret `secret`.
-pub fn engine(store: Arc<dyn Store>) -> Engine {
+/// bus, its tokens minted with the secret `secret`, and tools' 200s riding
+/// with their thread's next command as in `ferry serve`.
+pub fn engine<S: Store + ToolsetStore>(store: Arc<S>) -> Engine {
     engine_with(store, LocalBus::new())
 }
 
 /// [`engine`], handing its work to `bus`.
-pub fn engine_with(store: Arc<dyn Store>, bus: LocalBus) -> Engine {
+pub fn engine_with<S: Store + ToolsetStore>(store: Arc<S>, bus: LocalBus) -> Engine {
     Engine::new(
         Config::default(),
+        store.clone(),
         store,
         Arc::new(bus),
         Capabilities::new(b"secret"),
         reqwest::Client::new(),
     )
+    .with_acknowledgements(Acknowledgements::SINGLE_PROCESS)
 }
 
 /// A call `id` of the demo tool's `echo` with `text`.
@@ -45,7 +48,7 @@ pub fn call(id: &str, text: &str) -> NewCall {
 
 /// An engine on `store` whose thread `g` holds one call `c1`, queued (no
 /// worker takes it).
-pub async fn queued(store: Arc<dyn Store>) -> Arc<Engine> {
+pub async fn queued<S: Store + ToolsetStore>(store: Arc<S>) -> Arc<Engine> {
     let engine = Arc::new(engine(store));
     let submit = Command::Submit(call("c1", "x"));
     engine.execute("g", submit).await.unwrap();

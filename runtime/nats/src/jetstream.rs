@@ -46,7 +46,7 @@ use tracing::{debug, warn};
 
 use crate::cluster::subjects::{self, Layout};
 use crate::store::log::Commit;
-use crate::store::{codec, Error, Store, Watch, Write};
+use crate::store::{codec, Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 
@@ -793,7 +793,8 @@ impl Store for JetStreamStore {
         }
     }
 
-    async fn write(&self, write: Write<'_>) -> Result<(), Error> {
+    /// An acknowledged publish is durable: the [`Durable`] is ready.
+    async fn append(&self, write: Write<'_>, _: Durability) -> Result<Durable, Error> {
         let group_id = write.state.meta.group_id.as_str();
         let cached = self.loaded.lock().expect("loaded lock").remove(group_id);
         // The commit the state was decided against, unless this process did
@@ -844,6 +845,10 @@ impl Store for JetStreamStore {
         }
         debug!(group_id, last_seq, "commit appended");
         advance(&self.tips, group_id, last_seq);
+        Ok(Durable::ready())
+    }
+
+    async fn durable(&self, _group_id: &str) -> Result<(), Error> {
         Ok(())
     }
 
@@ -853,14 +858,6 @@ impl Store for JetStreamStore {
 
     fn writable(&self) -> Result<(), Error> {
         connected(&self.js)
-    }
-
-    fn publish(&self, group_id: &str, seq: u64) {
-        advance(&self.tips, group_id, seq);
-    }
-
-    fn is_durable(&self, _group_id: &str, _seq: u64) -> bool {
-        true
     }
 
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
@@ -986,7 +983,10 @@ impl Store for JetStreamStore {
         }
         Ok(out)
     }
+}
 
+#[async_trait]
+impl ToolsetStore for JetStreamStore {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = subjects::token(&format!("{}@{}", toolset.name, toolset.version));
         let value = codec::encode(toolset);

@@ -21,9 +21,8 @@
 //! commit's metadata: read once at open (one seek per thread), then kept in
 //! memory, so no write pays for an index.
 //!
-//! A commit nobody waits on (`call_dispatched`) is held in memory for up to
-//! `HOLD_BACK` and merged into the thread's next commit: a tool that
-//! answers at once costs one insert for both.
+//! An append is shown to readers once a group commit made it durable
+//! (`Durable`), whether its caller waits for that or not.
 
 pub mod commit;
 mod keys;
@@ -47,20 +46,13 @@ use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 use ferry_store::codec::{decode, encode};
 use ferry_store::log::{Commit, CommitEvents, CommitHead};
-use ferry_store::{Error, Store, Watch, Write};
+use ferry_store::{Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
 
 /// Threads whose last commit is kept decoded in memory.
 const CACHED_THREADS: usize = 4096;
 
 /// Events per watched or written thread kept in memory for its followers.
 const RECENT_EVENTS: usize = 128;
-
-/// How long a commit nobody waits on (`call_dispatched`) is held back
-/// before it is written on its own. A tool that answers at once calls back
-/// within this time, and the result's write carries the held events too:
-/// one sled insert instead of two. Readers see the held events this much
-/// later at most (after a flush, like any other).
-const HOLD_BACK: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Trees of an older layout (a journal beside per-record trees); a data
 /// directory holding them is refused at open, not misread.
@@ -85,22 +77,14 @@ pub struct SledStore {
     last: Mutex<LruCache<String, Arc<Commit>>>,
     /// Every thread's unsettled calls, as `(group_id, id)`.
     unsettled: Mutex<BTreeSet<(String, String)>>,
-    /// Commits held back ([`Store::write_held`]), by thread, not yet in
-    /// sled: the thread's next write carries their events, or `settle`
-    /// writes them. Whoever takes one holds this lock until it is inserted,
-    /// so a flush that starts after `settle` covers it either way.
-    held: Mutex<HashMap<String, Commit>>,
     /// Set when a flush or a log insert failed: sled's memory may hold
-    /// writes its disk does not (or lack held events the cache shows), and
-    /// commands built on them could be lost in a crash after being
-    /// answered. Every later write is refused, and nothing more is shown to
-    /// readers, until a restart.
-    poisoned: AtomicBool,
-    /// [`HOLD_BACK`], but for tests that need a held commit to stay held.
-    hold_back: std::time::Duration,
+    /// writes its disk does not, and commands built on them could be lost
+    /// in a crash after being answered. Every later write is refused, and
+    /// nothing more is shown to readers, until a restart.
+    poisoned: Arc<AtomicBool>,
 }
 
-fn poisoned() -> Error {
+fn poisoned_error() -> Error {
     Error::Poisoned
 }
 
@@ -166,9 +150,7 @@ impl SledStore {
                 NonZeroUsize::new(cached_threads.max(1)).expect("not zero"),
             )),
             unsettled: Mutex::new(unsettled),
-            held: Mutex::default(),
-            poisoned: AtomicBool::new(false),
-            hold_back: HOLD_BACK,
+            poisoned: Arc::default(),
         })
     }
 
@@ -188,12 +170,6 @@ impl SledStore {
     fn find_last(&self, group_id: &str, locked: bool) -> Result<Option<Arc<Commit>>, Error> {
         if let Some(last) = self.last.lock().expect("cache lock").get(group_id) {
             return Ok(Some(last.clone()));
-        }
-        // A held commit is newer than anything in sled: the cache may have
-        // dropped it, this must not.
-        if let Some(held) = self.held.lock().expect("held lock").get(group_id) {
-            let last = Arc::new(held.head());
-            return Ok(Some(self.remember_read(group_id, last, locked)));
         }
         let Some(entry) = self.log.scan_prefix(keys::thread(group_id)).next_back() else {
             return Ok(None);
@@ -281,15 +257,15 @@ impl SledStore {
         }
     }
 
-    /// Appends a command's commit, or holds it back (`hold`) for the
-    /// thread's next write to carry. Callers serialise writes per thread
-    /// (the engine's lock), and only this process can open the sled
-    /// directory, so checking the last commit and then appending is a sound
-    /// compare-and-set.
-    fn append(&self, write: Write<'_>, hold: bool) -> Result<(), Error> {
+    /// Inserts a command's commit, counted as pending on the thread's tip
+    /// until [`SledStore::durable_at`] publishes it. Callers serialise
+    /// writes per thread (the engine's lock), and only this process can
+    /// open the sled directory, so checking the last commit and then
+    /// inserting is a sound compare-and-set.
+    fn insert(&self, write: Write<'_>) -> Result<(), Error> {
         let group_id = write.state.meta.group_id.as_str();
         if self.poisoned.load(Ordering::SeqCst) {
-            return Err(poisoned());
+            return Err(poisoned_error());
         }
         let last = self.last_commit_locked(group_id)?;
         if last.as_ref().map_or(0, |l| l.meta.last_seq) != write.expected_last_seq {
@@ -299,11 +275,6 @@ impl SledStore {
             .iter()
             .flat_map(|l| l.moved_on(&write.state.calls))
             .collect();
-        if !moved.is_empty() {
-            // A copy is the call as a commit in sled left it: if that commit
-            // is only held, it goes in first, on its own.
-            self.settle_held(group_id)?;
-        }
         // Where they are now: the last commit, which carries them.
         let at = pointer::of(last.as_ref().map_or(0, |l| l.meta.last_seq));
         for call in moved {
@@ -320,40 +291,17 @@ impl SledStore {
                 .or_insert_with(|| Tip::new(write.expected_last_seq));
             tip.pending += 1;
         }
-        let own = commit.events.len();
-        let appended = {
-            let mut held = self.held.lock().expect("held lock");
-            match held.remove(group_id) {
-                // The held events come first. The lock is kept until the
-                // insert, so a `settle` that finds nothing held returns only
-                // once the events it was for are in sled.
-                Some(earlier) => {
-                    commit.events.splice(0..0, earlier.events);
-                    if hold {
-                        held.insert(group_id.to_owned(), commit.clone());
-                        Ok(())
-                    } else {
-                        self.insert_commit(group_id, &commit)
-                    }
-                }
-                None if hold => {
-                    held.insert(group_id.to_owned(), commit.clone());
-                    Ok(())
-                }
-                None => {
-                    drop(held);
-                    self.insert_commit(group_id, &commit)
-                }
-            }
-        };
-        if let Err(e) = appended {
-            self.publish(group_id, write.expected_last_seq);
+        if let Err(e) = self.insert_commit(group_id, &commit) {
+            publish(
+                &self.tips,
+                &self.poisoned,
+                group_id,
+                write.expected_last_seq,
+            );
             return Err(e);
         }
-        // This write's events move to the tip (held ones are there
-        // already); the cached commit keeps none.
-        let events = commit.events.split_off(commit.events.len() - own);
-        commit.events = vec![];
+        // The events move to the tip; the cached commit keeps none.
+        let events = std::mem::take(&mut commit.events);
         if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
             tip.remember(events);
         }
@@ -376,21 +324,26 @@ impl SledStore {
         Ok(())
     }
 
-    /// Inserts the thread's held commit, if one is still held.
-    fn settle_held(&self, group_id: &str) -> Result<(), Error> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(poisoned());
-        }
-        let mut held = self.held.lock().expect("held lock");
-        if let Some(commit) = held.remove(group_id) {
-            self.insert_commit(group_id, &commit)?;
-        }
-        Ok(())
+    /// Makes the thread's appends up to `seq` durable (one group commit
+    /// for every append made meanwhile), then shows them to readers; if
+    /// the flush fails, readers stay at `before`.
+    fn durable_at(&self, group_id: &str, seq: u64, before: u64) -> Durable {
+        let (commit, tips, poisoned) = (
+            self.commit.clone(),
+            self.tips.clone(),
+            self.poisoned.clone(),
+        );
+        let group_id = group_id.to_owned();
+        Durable::new(async move {
+            let flushed = flush(&commit, &poisoned).await;
+            let shown = if flushed.is_ok() { seq } else { before };
+            publish(&tips, &poisoned, &group_id, shown);
+            flushed
+        })
     }
 
     /// Inserts a commit into the log. A failure poisons the store: the
-    /// cached last commit (and any held events) would no longer match
-    /// sled, and the next write could leave a gap in the thread's log.
+    /// cached last commit would no longer match sled, and the next write could leave a gap in the thread's log.
     fn insert_commit(&self, group_id: &str, commit: &Commit) -> Result<(), Error> {
         let key = keys::commit(group_id, commit.meta.last_seq);
         self.poison_on(self.log.insert(key, encode(commit)))?;
@@ -412,37 +365,41 @@ impl SledStore {
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::SeqCst);
     }
-
-    /// Whether the thread has a commit held back, not yet in sled.
-    pub fn holds(&self, group_id: &str) -> bool {
-        self.held.lock().expect("held lock").contains_key(group_id)
-    }
-
-    /// [`SledStore::open`], holding commits back for `hold` rather than
-    /// [`HOLD_BACK`]: long enough that only a write or a settle ends it.
-    pub fn open_holding(dir: &Path, hold: std::time::Duration) -> Result<Self, Error> {
-        let mut store = Self::open(dir)?;
-        store.hold_back = hold;
-        Ok(store)
-    }
 }
 
-/// Held commits are written on a clean shutdown rather than lost (a crash
-/// loses them, which only means their calls are dispatched again).
-impl Drop for SledStore {
-    fn drop(&mut self) {
-        let held = std::mem::take(&mut *self.held.lock().expect("held lock"));
-        if held.is_empty() || self.poisoned.load(Ordering::SeqCst) {
-            return;
+/// Waits for a group commit; a failed one poisons the store.
+async fn flush(commit: &GroupCommit, poisoned: &AtomicBool) -> Result<(), Error> {
+    if poisoned.load(Ordering::SeqCst) {
+        return Err(poisoned_error());
+    }
+    let flushed = commit.flush().await.map_err(|e| Error::Backend(e.into()));
+    if flushed.is_err() {
+        poisoned.store(true, Ordering::SeqCst);
+    }
+    flushed
+}
+
+/// Shows the thread's events up to `seq` to readers, for one pending
+/// write. Once the store is poisoned nothing changes any more (no thread's
+/// durable tip moves, none is forgotten).
+fn publish(tips: &Mutex<HashMap<String, Tip>>, poisoned: &AtomicBool, group_id: &str, seq: u64) {
+    if poisoned.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut tips = tips.lock().expect("tips lock");
+    let Some(tip) = tips.get_mut(group_id) else {
+        return;
+    };
+    tip.pending = tip.pending.saturating_sub(1);
+    tip.durable.send_if_modified(|durable| {
+        let newer = seq > *durable;
+        if newer {
+            *durable = seq;
         }
-        for (group_id, commit) in &held {
-            if self.insert_commit(group_id, commit).is_err() {
-                return;
-            }
-        }
-        if let Err(e) = self._db.flush() {
-            tracing::warn!(error = %e, "could not flush held commits at shutdown");
-        }
+        newer
+    });
+    if tip.pending == 0 && tip.durable.receiver_count() == 0 {
+        tips.remove(group_id);
     }
 }
 
@@ -481,65 +438,34 @@ impl Store for SledStore {
         })
     }
 
-    async fn write(&self, write: Write<'_>) -> Result<(), Error> {
-        self.append(write, false)
+    async fn append(&self, write: Write<'_>, durability: Durability) -> Result<Durable, Error> {
+        let (group_id, before) = (write.state.meta.group_id.as_str(), write.expected_last_seq);
+        let seq = write.state.meta.last_seq;
+        self.insert(write)?;
+        let durable = self.durable_at(group_id, seq, before);
+        Ok(match durability {
+            Durability::Await => durable,
+            // Dropped unfinished: it completes in the background.
+            Durability::Background => {
+                drop(durable);
+                Durable::ready()
+            }
+        })
     }
 
-    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
-        self.append(write, true)
-    }
-
-    fn hold_back(&self) -> std::time::Duration {
-        self.hold_back
-    }
-
-    async fn settle(&self, group_id: &str) -> Result<(), Error> {
-        self.settle_held(group_id)
+    async fn durable(&self, group_id: &str) -> Result<(), Error> {
+        let pending = {
+            let tips = self.tips.lock().expect("tips lock");
+            tips.get(group_id).is_some_and(|t| t.pending > 0)
+        };
+        if pending {
+            self.flush().await?;
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> Result<(), Error> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(poisoned());
-        }
-        let flushed = self
-            .commit
-            .flush()
-            .await
-            .map_err(|e| Error::Backend(e.into()));
-        if flushed.is_err() {
-            self.poisoned.store(true, Ordering::SeqCst);
-        }
-        flushed
-    }
-
-    /// Once the store is poisoned nothing changes any more (no thread's
-    /// durable tip moves, none is forgotten): a failed insert may have lost
-    /// held events below `seq`.
-    fn publish(&self, group_id: &str, seq: u64) {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut tips = self.tips.lock().expect("tips lock");
-        let Some(tip) = tips.get_mut(group_id) else {
-            return;
-        };
-        tip.pending = tip.pending.saturating_sub(1);
-        tip.durable.send_if_modified(|durable| {
-            let newer = seq > *durable;
-            if newer {
-                *durable = seq;
-            }
-            newer
-        });
-        if tip.pending == 0 && tip.durable.receiver_count() == 0 {
-            tips.remove(group_id);
-        }
-    }
-
-    fn is_durable(&self, group_id: &str, seq: u64) -> bool {
-        let tips = self.tips.lock().expect("tips lock");
-        tips.get(group_id)
-            .is_none_or(|t| t.pending == 0 && *t.durable.borrow() >= seq)
+        flush(&self.commit, &self.poisoned).await
     }
 
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error> {
@@ -562,10 +488,8 @@ impl Store for SledStore {
             return Ok(vec![]);
         }
         // A commit's key is its last event's seq, so the first commit with
-        // events after `after` is the first keyed above it. The durable tip
-        // may fall inside a commit (held events published before the write
-        // that carried them), so the last commit read is the first keyed at
-        // or above it, and its later events are left out.
+        // events after `after` is the first keyed above it, and the last
+        // one read is the first keyed at or above the durable tip.
         let Some(from) = after.checked_add(1) else {
             return Ok(vec![]);
         };
@@ -619,19 +543,7 @@ impl Store for SledStore {
     }
 
     async fn threads(&self) -> Result<Vec<ThreadMeta>, Error> {
-        // Held commits are newer than what sled has of their threads.
-        let held: HashMap<String, ThreadMeta> = {
-            let held = self.held.lock().expect("held lock");
-            held.iter()
-                .map(|(g, c)| (g.clone(), c.meta.clone()))
-                .collect()
-        };
-        last_commits(&self.log)
-            .map(|c| {
-                let meta = c?.meta;
-                Ok(held.get(&meta.group_id).cloned().unwrap_or(meta))
-            })
-            .collect()
+        last_commits(&self.log).map(|c| Ok(c?.meta)).collect()
     }
 
     async fn calls(&self, group_id: &str) -> Result<Vec<CallRecord>, Error> {
@@ -680,20 +592,23 @@ impl Store for SledStore {
         let unsettled = self.unsettled.lock().expect("unsettled lock");
         Ok(unsettled.iter().cloned().collect())
     }
+}
 
+#[async_trait]
+impl ToolsetStore for SledStore {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = keys::toolset(&toolset.name, &toolset.version);
         self.toolsets
             .insert(key, encode(toolset))
             .map_err(backend)?;
-        Ok(())
+        self.flush().await
     }
 
     async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error> {
         self.toolsets
             .remove(keys::toolset(name, version))
             .map_err(backend)?;
-        Ok(())
+        self.flush().await
     }
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {

@@ -39,28 +39,21 @@ async fn next_state(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) 
 }
 
 /// Appends one command to thread `g`, as the engine would: the thread
-/// moves to `seq` with `calls` changed, recording one event; held back
-/// (`write_held`) or not. Not flushed, not published.
-async fn append_next(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord], held: bool) {
+/// moves to `seq` with `calls` changed, recording one event. Inserted;
+/// flushed and shown to readers once the `Durable` is awaited.
+async fn append_next(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) -> Durable {
     let state = next_state(store, g, seq, calls).await;
     let write = Write {
         expected_last_seq: seq - 1,
         state: &state,
         events: &[event(g, seq)],
     };
-    let written = if held {
-        store.write_held(write).await
-    } else {
-        store.write(write).await
-    };
-    written.unwrap();
+    store.append(write, Durability::Await).await.unwrap()
 }
 
-/// [`append_next`], flushed and published.
+/// [`append_next`], durable and shown.
 async fn commit(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
-    append_next(store, g, seq, calls, false).await;
-    store.flush().await.unwrap();
-    store.publish(g, seq);
+    append_next(store, g, seq, calls).await.await.unwrap();
 }
 
 /// The ids of the thread's calls, sorted.
@@ -80,91 +73,8 @@ fn with_status(id: &str, status: CallStatus) -> CallRecord {
     CallRecord { status, ..call(id) }
 }
 
-/// Like [`commit`], for a command nobody waits on: held back, not
-/// flushed, not published.
-async fn hold(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord]) {
-    append_next(store, g, seq, calls, true).await;
-}
-
-/// A store in `dir` whose thread `g` accepted call `a` (seq 1) and holds
-/// its dispatch (seq 2).
-async fn held_dispatch(dir: &Path) -> SledStore {
-    let store = SledStore::open(dir).unwrap();
-    commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-    hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
-    store
-}
-
 fn seqs(events: &[Event]) -> Vec<u64> {
     events.iter().map(|e| e.seq).collect()
-}
-
-/// A held commit is loaded at once, shown to readers only once durable,
-/// and carried by the thread's next write: one log entry for both.
-#[tokio::test]
-async fn a_held_commit_rides_with_the_next_write() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let store = held_dispatch(dir.path()).await;
-        let loaded = store.load("g", &["a"]).await.unwrap();
-        assert_eq!(loaded.meta.last_seq, 2);
-        assert_eq!(loaded.calls["a"].status, CallStatus::Dispatched);
-        store.flush().await.unwrap();
-        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1]);
-        assert!(!store.is_durable("g", 2));
-
-        commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
-        // The held write's own settle, flush and publish find it carried.
-        store.settle("g").await.unwrap();
-        store.flush().await.unwrap();
-        store.publish("g", 2);
-        assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
-        assert_eq!(store.log.len(), 2, "commits 1 and 2+3");
-    }
-    let store = reopen(dir.path()).await;
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
-    assert_eq!(seqs(&store.events("g", 1, 10).await.unwrap()), [2, 3]);
-    let a = store.call("g", "a").await.unwrap().unwrap();
-    assert_eq!(a.status, CallStatus::Completed);
-}
-
-/// With no next write, `settle` writes the held commit on its own, and
-/// a later write does not carry its events again.
-#[tokio::test]
-async fn settle_writes_a_held_commit_on_its_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = held_dispatch(dir.path()).await;
-    store.settle("g").await.unwrap();
-    store.flush().await.unwrap();
-    store.publish("g", 2);
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2]);
-    assert!(store.is_durable("g", 2));
-    commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
-    assert_eq!(store.log.len(), 3);
-    drop(store);
-    let store = reopen(dir.path()).await;
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
-}
-
-/// A held commit stays the thread's last even once the cache of last
-/// commits has dropped it.
-#[tokio::test]
-async fn a_held_commit_outlives_the_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SledStore::open_caching(dir.path(), 1).unwrap();
-    commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-    hold(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
-    commit(&store, "other", 1, &[]).await;
-    assert!(store.last.lock().unwrap().peek("g").is_none(), "evicted");
-    let listed = store.threads().await.unwrap();
-    let g = listed.iter().find(|m| m.group_id == "g").unwrap();
-    assert_eq!(g.last_seq, 2, "the listing shows the held commit too");
-    let loaded = store.load("g", &["a"]).await.unwrap();
-    assert_eq!(loaded.meta.last_seq, 2);
-    assert_eq!(loaded.calls["a"].status, CallStatus::Dispatched);
-    commit(&store, "g", 3, &[with_status("a", CallStatus::Completed)]).await;
-    store.publish("g", 2);
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
 }
 
 /// Only a load for a write (under the engine's lock) caches a thread's
@@ -187,36 +97,31 @@ async fn only_locked_loads_cache_what_they_find() {
     assert!(cached(&store), "a load for a write caches");
 }
 
-/// A call's copy is never newer than the log: moving on from a call
-/// that only a held commit carries writes that commit first.
-#[tokio::test]
-async fn a_copy_never_runs_ahead_of_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SledStore::open(dir.path()).unwrap();
-    commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
-    commit(&store, "g", 2, &[with_status("b", CallStatus::Queued)]).await;
-    hold(&store, "g", 3, &[with_status("a", CallStatus::Dispatched)]).await;
-    assert_eq!(store.log.len(), 2, "3 is held");
-    // 4 carries only b: a's copy (as 3 left it) needs 3 in the log.
-    hold(&store, "g", 4, &[with_status("b", CallStatus::Dispatched)]).await;
-    assert_eq!(store.log.len(), 3, "3 went in before a's copy");
-    let copy = store.copy("g", "a").unwrap().unwrap();
-    assert_eq!(copy.status, CallStatus::Dispatched);
-}
-
-/// After a failed write nothing more becomes visible: held events it
-/// took with it are gone, so no sequence number may be shown past them.
+/// After a failed write or flush nothing more becomes visible, and
+/// nothing more goes in: sled's memory may hold what its disk lacks.
 #[tokio::test]
 async fn a_poisoned_store_shows_nothing_more() {
     let dir = tempfile::tempdir().unwrap();
-    let store = held_dispatch(dir.path()).await;
+    let store = SledStore::open(dir.path()).unwrap();
+    commit(&store, "g", 1, &[with_status("a", CallStatus::Queued)]).await;
+    let dispatched = append_next(&store, "g", 2, &[with_status("a", CallStatus::Dispatched)]).await;
     store.poison();
-    assert!(store.flush().await.is_err());
-    store.publish("g", 2);
+    assert!(dispatched.await.is_err(), "its flush fails");
     assert_eq!(*store.watch("g").borrow(), 1);
     assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1]);
-    assert!(!store.is_durable("g", 2));
-    assert!(store.settle("g").await.is_err());
+    assert!(store.durable("g").await.is_err());
+    let state = next_state(&store, "g", 3, &[]).await;
+    let refused = store
+        .append(
+            Write {
+                expected_last_seq: 2,
+                state: &state,
+                events: &[event("g", 3)],
+            },
+            Durability::Await,
+        )
+        .await;
+    assert!(matches!(refused, Err(Error::Poisoned)));
 }
 
 /// A reader that found an older last commit does not replace the one a
@@ -242,55 +147,6 @@ async fn a_reader_never_caches_over_a_newer_commit() {
     assert_eq!(store.last_commit("g").unwrap().unwrap().meta.last_seq, 2);
 }
 
-/// Held events made durable inside the next write's commit, and shown
-/// before that write is, read back from sled too (a reader too far
-/// behind for the events kept in memory).
-#[tokio::test]
-async fn held_events_shown_early_read_back_from_sled() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = held_dispatch(dir.path()).await;
-    append_next(
-        &store,
-        "g",
-        3,
-        &[with_status("a", CallStatus::Completed)],
-        false,
-    )
-    .await;
-    store
-        .tips
-        .lock()
-        .unwrap()
-        .get_mut("g")
-        .unwrap()
-        .recent
-        .clear();
-    store.settle("g").await.unwrap();
-    store.flush().await.unwrap();
-    // The held write's task publishes 2; the result's own publish of 3
-    // has not happened yet.
-    store.publish("g", 2);
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2]);
-    store.publish("g", 3);
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
-    assert_eq!(seqs(&store.events("g", 2, 10).await.unwrap()), [3]);
-}
-
-/// Held commits still held when the store closes are written, not lost.
-#[tokio::test]
-async fn held_commits_are_written_when_the_store_closes() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let store = held_dispatch(dir.path()).await;
-        hold(&store, "g", 3, &[with_status("a", CallStatus::Subscribed)]).await;
-    }
-    let store = reopen(dir.path()).await;
-    assert_eq!(store.thread("g").await.unwrap().unwrap().last_seq, 3);
-    assert_eq!(seqs(&store.events("g", 0, 10).await.unwrap()), [1, 2, 3]);
-    let a = store.call("g", "a").await.unwrap().unwrap();
-    assert_eq!(a.status, CallStatus::Subscribed);
-}
-
 #[tokio::test]
 async fn writes_read_back_and_a_stale_expectation_conflicts() {
     let dir = tempfile::tempdir().unwrap();
@@ -298,24 +154,15 @@ async fn writes_read_back_and_a_stale_expectation_conflicts() {
     let mut state = ThreadState::new("g");
     state.meta.last_seq = 1;
     let events = [event("g", 1)];
-    store
-        .write(Write {
-            expected_last_seq: 0,
-            state: &state,
-            events: &events,
-        })
-        .await
-        .unwrap();
-    store.flush().await.unwrap();
-    store.publish("g", 1);
+    let write = || Write {
+        expected_last_seq: 0,
+        state: &state,
+        events: &events,
+    };
+    let durable = store.append(write(), Durability::Await).await.unwrap();
+    durable.await.unwrap();
     assert_eq!(store.events("g", 0, 10).await.unwrap(), events);
-    let stale = store
-        .write(Write {
-            expected_last_seq: 0,
-            state: &state,
-            events: &events,
-        })
-        .await;
+    let stale = store.append(write(), Durability::Await).await;
     assert!(matches!(stale, Err(Error::Conflict(_))));
 }
 
@@ -362,13 +209,12 @@ fn a_reader_without_a_watch_never_shows_an_unflushed_commit() {
     // A long thread, so that a scan from 0 takes a while.
     let mut seq = 900u64;
     rt.block_on(async {
+        let mut appended = vec![];
         for seq in 1..=seq {
-            append_next(&store, "g", seq, &[], false).await;
+            appended.push(append_next(&store, "g", seq, &[]).await);
         }
-        store.flush().await.unwrap();
-        // One publish per write, as the engine does.
-        for seq in 1..=seq {
-            store.publish("g", seq);
+        for durable in appended {
+            durable.await.unwrap();
         }
     });
     assert!(store.tips.lock().unwrap().is_empty(), "an idle thread");
@@ -378,15 +224,12 @@ fn a_reader_without_a_watch_never_shows_an_unflushed_commit() {
         // Jitter, not synchronisation: where in the scan the write lands.
         std::thread::sleep(std::time::Duration::from_micros((trial % 20) * 50));
         seq += 1;
-        rt.block_on(append_next(&store, "g", seq, &[], false));
+        let durable = rt.block_on(append_next(&store, "g", seq, &[]));
         let events = reader.join().unwrap();
         if events.last().map(|e| e.seq) == Some(seq) {
             shown_early += 1;
         }
-        rt.block_on(async {
-            store.flush().await.unwrap();
-            store.publish("g", seq);
-        });
+        rt.block_on(durable).unwrap();
     }
     assert_eq!(shown_early, 0, "shown before its flush, of 300");
 }
@@ -406,7 +249,8 @@ fn calls_lists_a_call_whose_thread_moves_on_during_the_listing() {
             seq += 1;
             let id = format!("m{i:05}");
             let calls = [with_status(&id, CallStatus::Completed)];
-            append_next(&store, "g", seq, &calls, false).await;
+            // Made durable in the background: the listing reads either way.
+            drop(append_next(&store, "g", seq, &calls).await);
         }
     });
     let mut dropped = 0;

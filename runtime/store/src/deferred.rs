@@ -9,12 +9,13 @@ use async_trait::async_trait;
 use ferry_proto::api::Event;
 use tokio::sync::watch;
 
-use crate::{Error, Store, Watch, Write};
+use crate::{Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
 use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 
 pub struct Deferred {
     inner: OnceLock<Arc<dyn Store>>,
+    toolsets: OnceLock<Arc<dyn ToolsetStore>>,
     /// What watches taken before the store is there follow: it never
     /// moves, and ends when the store arrives, so that their readers take
     /// a watch of the real store (a stream that caught up would otherwise
@@ -26,6 +27,7 @@ impl Default for Deferred {
     fn default() -> Self {
         Self {
             inner: OnceLock::new(),
+            toolsets: OnceLock::new(),
             still: Mutex::new(Some(watch::Sender::new(0))),
         }
     }
@@ -34,7 +36,8 @@ impl Default for Deferred {
 impl Deferred {
     /// Hands over the real store; later calls go to it. Only the first
     /// counts. Watches taken before end.
-    pub fn set(&self, store: Arc<dyn Store>) {
+    pub fn set<S: Store + ToolsetStore>(&self, store: Arc<S>) {
+        let _ = self.toolsets.set(store.clone());
         let _ = self.inner.set(store);
         self.still.lock().expect("still lock").take();
     }
@@ -44,10 +47,16 @@ impl Deferred {
     }
 
     fn get(&self) -> Result<&Arc<dyn Store>, Error> {
-        self.inner.get().ok_or_else(|| {
-            Error::Unavailable("NATS has not been reached since this node started".into())
-        })
+        self.inner.get().ok_or_else(unreached)
     }
+
+    fn toolset_store(&self) -> Result<&Arc<dyn ToolsetStore>, Error> {
+        self.toolsets.get().ok_or_else(unreached)
+    }
+}
+
+fn unreached() -> Error {
+    Error::Unavailable("NATS has not been reached since this node started".into())
 }
 
 #[async_trait]
@@ -68,37 +77,20 @@ impl Store for Deferred {
         self.get()?.writable()
     }
 
-    async fn write(&self, write: Write<'_>) -> Result<(), Error> {
-        self.get()?.write(write).await
+    async fn append(&self, write: Write<'_>, durability: Durability) -> Result<Durable, Error> {
+        self.get()?.append(write, durability).await
     }
 
-    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
-        self.get()?.write_held(write).await
-    }
-
-    fn hold_back(&self) -> std::time::Duration {
-        self.inner
-            .get()
-            .map_or(std::time::Duration::ZERO, |s| s.hold_back())
-    }
-
-    async fn settle(&self, group_id: &str) -> Result<(), Error> {
-        self.get()?.settle(group_id).await
+    /// Nothing is written before the store is there.
+    async fn durable(&self, group_id: &str) -> Result<(), Error> {
+        match self.inner.get() {
+            Some(store) => store.durable(group_id).await,
+            None => Ok(()),
+        }
     }
 
     async fn flush(&self) -> Result<(), Error> {
         self.get()?.flush().await
-    }
-
-    fn publish(&self, group_id: &str, seq: u64) {
-        if let Some(store) = self.inner.get() {
-            store.publish(group_id, seq);
-        }
-    }
-
-    /// Nothing is written before the store is there.
-    fn is_durable(&self, group_id: &str, seq: u64) -> bool {
-        self.inner.get().is_none_or(|s| s.is_durable(group_id, seq))
     }
 
     async fn events_to_tip(
@@ -154,16 +146,19 @@ impl Store for Deferred {
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
         self.get()?.open_calls().await
     }
+}
 
+#[async_trait]
+impl ToolsetStore for Deferred {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
-        self.get()?.put_toolset(toolset).await
+        self.toolset_store()?.put_toolset(toolset).await
     }
 
     async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error> {
-        self.get()?.delete_toolset(name, version).await
+        self.toolset_store()?.delete_toolset(name, version).await
     }
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
-        self.get()?.toolsets().await
+        self.toolset_store()?.toolsets().await
     }
 }

@@ -1,6 +1,7 @@
-//! The storage port: threads' logs and metadata, calls, and registered
-//! toolsets. The engine owns this trait; `sled` is its embedded adapter (the
-//! NATS JetStream adapter is the cluster's, in `ferry-nats`).
+//! The storage ports: [`Store`] for threads' logs, metadata and calls,
+//! [`ToolsetStore`] for registered toolsets. The engine writes through
+//! them; `ferry-store-sled` is the embedded adapter, `ferry-nats` the
+//! cluster's (JetStream).
 //!
 //! **Invariant:** only the sled adapter opens sled.
 
@@ -13,7 +14,10 @@ pub mod testing;
 use async_trait::async_trait;
 use ferry_proto::api::Event;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use tokio::sync::watch;
 
@@ -117,6 +121,63 @@ pub struct Write<'a> {
     pub events: &'a [Event],
 }
 
+/// How soon the caller of [`Store::append`] needs the append durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The caller awaits the [`Durable`] it is given.
+    Await,
+    /// Nobody waits (a `call_dispatched`, a retry's reason): the store
+    /// makes the append durable, and shows it to readers, on its own. A
+    /// crash before then loses it, which must be harmless.
+    Background,
+}
+
+/// Resolves once an append is durable and its events are shown to
+/// readers; an error means the flush failed and they never are. Dropped
+/// before it resolves, it finishes in the background: a caller cut short
+/// never leaves a thread's readers behind its write.
+pub struct Durable(Option<Finish>);
+
+/// What is left of an append's way to durable and shown.
+type Finish = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+
+impl Durable {
+    /// An append that is durable and shown already.
+    pub fn ready() -> Self {
+        Self(None)
+    }
+
+    pub fn new(finish: impl Future<Output = Result<(), Error>> + Send + 'static) -> Self {
+        Self(Some(Box::pin(finish)))
+    }
+}
+
+impl Future for Durable {
+    type Output = Result<(), Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(finish) = self.0.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let done = std::task::ready!(finish.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(done)
+    }
+}
+
+impl Drop for Durable {
+    fn drop(&mut self) {
+        if let Some(finish) = self.0.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(finish);
+            }
+        }
+    }
+}
+
+/// Threads: their logs, state and calls. How a store makes appends
+/// durable (group commit, a replicated stream) is its own business: the
+/// engine only says whether it waits.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The thread's metadata and the named calls (those that exist), for
@@ -142,34 +203,18 @@ pub trait Store: Send + Sync + 'static {
         Ok((self.load(group_id, call_ids).await?, false))
     }
 
-    /// Appends events and writes the state they fold into, atomically. Not
-    /// durable until [`Store::flush`] returns.
-    async fn write(&self, write: Write<'_>) -> Result<(), Error>;
+    /// Appends events and writes the state they fold into, atomically:
+    /// loads see it once this returns, readers once it is durable. The
+    /// caller holds the engine's lock on the thread for this call only,
+    /// not for the [`Durable`], so that appends of one thread made while
+    /// an earlier one is being flushed share its flush.
+    async fn append(&self, write: Write<'_>, durability: Durability) -> Result<Durable, Error>;
 
-    /// Like [`Store::write`], for a command nobody waits on: the store may
-    /// hold the commit back for up to [`Store::hold_back`], so that the
-    /// thread's next write carries its events in one append. Loads see it
-    /// at once; readers see its events once a flush after [`Store::settle`]
-    /// made them durable.
-    async fn write_held(&self, write: Write<'_>) -> Result<(), Error> {
-        self.write(write).await
-    }
+    /// Returns once everything appended to the thread so far is durable:
+    /// before an answer that rests on another request's append.
+    async fn durable(&self, group_id: &str) -> Result<(), Error>;
 
-    /// How long [`Store::write_held`] may hold a commit back; zero when it
-    /// writes at once.
-    fn hold_back(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
-    }
-
-    /// Writes the thread's held commit, if any is still held; once it
-    /// returns, a [`Store::flush`] makes every held write of the thread
-    /// durable.
-    async fn settle(&self, _group_id: &str) -> Result<(), Error> {
-        Ok(())
-    }
-
-    /// Returns once everything written before the call is durable. Calls
-    /// made concurrently share one fsync (group commit).
+    /// Returns once everything written before the call is durable.
     async fn flush(&self) -> Result<(), Error>;
 
     /// Whether a write could be taken now, as far as the store can tell
@@ -177,13 +222,6 @@ pub trait Store: Send + Sync + 'static {
     fn writable(&self) -> Result<(), Error> {
         Ok(())
     }
-
-    /// Marks events up to `seq` of `group_id` durable: readers may see them.
-    fn publish(&self, group_id: &str, seq: u64);
-
-    /// Whether the thread's state up to `seq` is durable (no write of it is
-    /// still waiting for a flush).
-    fn is_durable(&self, group_id: &str, seq: u64) -> bool;
 
     /// Durable events of the thread with sequence numbers above `after`.
     async fn events(&self, group_id: &str, after: u64, limit: usize) -> Result<Vec<Event>, Error>;
@@ -218,7 +256,11 @@ pub trait Store: Send + Sync + 'static {
     /// awaiting, subscribed, pending approval, or owing a user's choice to
     /// the tool), as `(group_id, id)`: what recovery walks.
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error>;
+}
 
+/// Registered toolsets. Each change is durable when it returns.
+#[async_trait]
+pub trait ToolsetStore: Send + Sync + 'static {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error>;
     async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error>;
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error>;

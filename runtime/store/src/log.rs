@@ -61,15 +61,6 @@ impl Commit {
         }
     }
 
-    /// This commit without its events.
-    pub fn head(&self) -> Self {
-        Self {
-            meta: self.meta.clone(),
-            calls: self.calls.clone(),
-            events: vec![],
-        }
-    }
-
     pub fn call(&self, id: &str) -> Option<&CallRecord> {
         self.calls.iter().find(|c| c.id == id)
     }

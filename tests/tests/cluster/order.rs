@@ -169,7 +169,7 @@ async fn two_nodes_taking_one_threads_requests_at_once_make_one_order() {
 /// for an outage (a 503 to the tool or agent that asked).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
-    use ferry_engine::store::{Error, Store, Write};
+    use ferry_engine::store::{Durability, Error, Store, Write};
     use ferry_nats::jetstream::JetStreamStore;
     use ferry_proto::api::{Event, EventKind};
 
@@ -211,11 +211,11 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
                 state: &state,
                 events: &events,
             };
-            store.write(write).await
+            store.append(write, Durability::Await).await
         });
         for written in join_all(writes).await {
             match written {
-                Ok(()) => stored += 1,
+                Ok(_) => stored += 1,
                 Err(Error::Conflict(_)) => lost += 1,
                 Err(e) => panic!("a lost race taken for another failure: {e}"),
             }

@@ -3,14 +3,14 @@
 //! A tool's 200 is recorded as `call_dispatched`. For a fast tool the
 //! result follows within milliseconds, and recording the acknowledgement
 //! as a command of its own (load, decide, write, flush, publish) costs
-//! about as much as recording the result. Where the store holds writes
-//! back anyway ([`crate::store::Store::hold_back`]: the single process), an
+//! about as much as recording the result. Where one process records both
+//! ([`super::Acknowledgements::RideWithNext`]: `ferry serve`), an
 //! acknowledgement waits here instead, up to that long: the thread's next
 //! command applies it first, in its own write, and the sweeper
 //! ([`Engine::start_timers`]) records the ones no command took. The events
 //! are the same and in the same order; only the write that carries them
-//! changes. A crash loses a waiting acknowledgement as it loses a held
-//! commit: the call, still queued, is dispatched again (invariant 4).
+//! changes. A crash loses a waiting acknowledgement: the call, still
+//! queued, is dispatched again on recovery (invariant 4).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -68,8 +68,8 @@ impl Default for Acks {
 
 impl Acks {
     /// Leaves `ack` for the thread's next command, or for the sweeper once
-    /// `hold` has passed. Returns it when it cannot wait: the store writes
-    /// at once (no `hold`), or no sweeper runs.
+    /// `hold` has passed. Returns it when it cannot wait: no `hold`, or no
+    /// sweeper runs.
     pub fn wait(&self, group_id: &str, ack: Ack, hold: std::time::Duration) -> Result<(), Ack> {
         if hold.is_zero() || !self.sweeping.load(Ordering::Acquire) {
             return Err(ack);
@@ -206,12 +206,13 @@ mod tests {
     use ferry_store_sled::SledStore;
     use std::time::Duration;
 
-    /// An engine whose store holds writes back for `hold` (which is how
-    /// long acknowledgements wait too), with its sweeper running, and call
-    /// `c1` of thread `g` accepted (seq 1) and acknowledged by its tool.
+    /// An engine whose acknowledgements wait for `hold`, with its sweeper
+    /// running, and call `c1` of thread `g` accepted (seq 1) and
+    /// acknowledged by its tool.
     async fn acknowledged(dir: &std::path::Path, hold: Duration) -> Arc<Engine> {
-        let store = Arc::new(SledStore::open_holding(dir, hold).unwrap());
-        let engine = Arc::new(engine(store));
+        let store = Arc::new(SledStore::open(dir).unwrap());
+        let rides = super::super::Acknowledgements::RideWithNext(hold);
+        let engine = Arc::new(engine(store).with_acknowledgements(rides));
         engine.start_timers();
         engine
             .execute("g", Command::Submit(call("c1", "a")))
@@ -299,7 +300,7 @@ mod tests {
             "{:?}",
             refused.err()
         );
-        assert!(engine.store.is_durable("g", 2));
+        // Shown to readers, so durable, when the refusal was answered.
         assert_eq!(
             kinds(&events(&engine).await),
             [(1, "call_accepted"), (2, "call_dispatched")]
@@ -316,7 +317,7 @@ mod tests {
         assert_eq!(engine.thread("g").await.unwrap().last_seq, 2);
     }
 
-    /// Where the store writes at once (a cluster's), nothing waits.
+    /// Without a hold, nothing waits.
     #[tokio::test]
     async fn without_a_hold_the_acknowledgement_is_recorded_at_once() {
         let dir = tempfile::tempdir().unwrap();

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::bus::{self, Bus};
-use crate::store::{self, Store, Write};
+use crate::store::{self, Durability, Store, ToolsetStore, Write};
 use crate::thread::{self, Command, Decision, Rejection, ThreadState};
 use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
@@ -40,11 +40,29 @@ use turns::{Turn, Turns};
 pub use approvals::MAX_REASON_BYTES;
 pub use toolsets::{RegisteredToolset, ToolView};
 
-/// Whether [`Engine::execute_with`] waits for the flush before returning.
+/// How a tool's 200 (`call_dispatched`) is recorded. For a fast tool the
+/// result follows within milliseconds, and recording the 200 as a command
+/// of its own costs about as much as recording the result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Durability {
-    Await,
-    Background,
+pub enum Acknowledgements {
+    /// As a command of its own, at once.
+    AtOnce,
+    /// Waiting in memory for up to this long for the thread's next command
+    /// to carry it, in one write ([`acks`]): where one process records
+    /// both the 200 and the result (`ferry serve`).
+    RideWithNext(std::time::Duration),
+    /// After this grace, and only if the call still waits for it then:
+    /// where another process records the result (a cluster worker), whose
+    /// write then says the tool had the call and the 200 costs none. The
+    /// worker acks its work only once the 200 is recorded or found moot, so
+    /// a crash in the grace re-dispatches the call (invariant 4).
+    AfterGrace(std::time::Duration),
+}
+
+impl Acknowledgements {
+    /// Where one process records both the 200 and the result: a tool that
+    /// answers at once calls back well within 5 ms.
+    pub const SINGLE_PROCESS: Self = Self::RideWithNext(std::time::Duration::from_millis(5));
 }
 
 /// Limits and addresses of the runtime.
@@ -163,6 +181,7 @@ type Delivery = (crate::thread::ChoiceAnswer, Arc<tokio::sync::Notify>);
 pub struct Engine {
     pub(crate) config: Config,
     pub(crate) store: Arc<dyn Store>,
+    toolset_store: Arc<dyn ToolsetStore>,
     bus: Arc<dyn Bus>,
     pub(crate) registry: Registry,
     caps: Capabilities,
@@ -191,10 +210,8 @@ pub struct Engine {
     /// Set when the process stops: open streams and long waits end
     /// (`stopping.rs`).
     stopping: tokio::sync::watch::Sender<bool>,
-    /// How long a tool's 200 waits before it is recorded, where the store
-    /// writes at once and the result is recorded by another process (a
-    /// cluster worker): [`Engine::with_dispatch_grace`].
-    dispatch_grace: std::time::Duration,
+    /// [`Engine::with_acknowledgements`].
+    acknowledgements: Acknowledgements,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -212,6 +229,7 @@ impl Engine {
     pub fn new(
         config: Config,
         store: Arc<dyn Store>,
+        toolset_store: Arc<dyn ToolsetStore>,
         bus: Arc<dyn Bus>,
         caps: Capabilities,
         client: reqwest::Client,
@@ -222,6 +240,7 @@ impl Engine {
             timer_queue: std::sync::Mutex::new(Some(timer_queue)),
             config,
             store,
+            toolset_store,
             bus,
             registry: Registry::default(),
             caps,
@@ -234,19 +253,22 @@ impl Engine {
             armed: Default::default(),
             acks: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
-            dispatch_grace: std::time::Duration::ZERO,
+            acknowledgements: Acknowledgements::AtOnce,
         }
     }
 
-    /// A tool's 200 is recorded as `call_dispatched` only after `grace`,
-    /// and only if the call still waits for it then. A fast tool's result
-    /// comes first (a runtime node records it), and then the 200 costs no
-    /// write at all: the result says the tool had the call. The worker
-    /// acks its work only once the 200 is recorded or found moot, so a
-    /// crash in the grace re-dispatches the call (invariant 4).
-    pub fn with_dispatch_grace(mut self, grace: std::time::Duration) -> Self {
-        self.dispatch_grace = grace;
+    /// How tools' 200s are recorded (at once, unless told otherwise).
+    pub fn with_acknowledgements(mut self, acknowledgements: Acknowledgements) -> Self {
+        self.acknowledgements = acknowledgements;
         self
+    }
+
+    /// How long an acknowledgement may wait for its thread's next command.
+    fn ack_hold(&self) -> std::time::Duration {
+        match self.acknowledgements {
+            Acknowledgements::RideWithNext(hold) => hold,
+            _ => std::time::Duration::ZERO,
+        }
     }
 
     fn lock_for(&self, group_id: &str) -> &Mutex<()> {
@@ -275,9 +297,8 @@ impl Engine {
     }
 
     /// Like [`Engine::execute`], but for a command nobody is answered on:
-    /// returns once the events are written (or held back by the store, to
-    /// ride with the thread's next write), and shows them to readers once
-    /// a later flush made them durable. A crash before that flush loses
+    /// returns once the events are written, and the store shows them to
+    /// readers once it made them durable. A crash before that loses
     /// them, which must be harmless (a lost `call_dispatched` means the
     /// call is dispatched again: invariant 4 allows it).
     pub async fn record(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
@@ -342,7 +363,7 @@ impl Engine {
             let (mut state, maybe_stale) = match loaded {
                 Ok(loaded) => loaded,
                 Err(e) => {
-                    self.acks.restore(group_id, acks, self.store.hold_back());
+                    self.acks.restore(group_id, acks, self.ack_hold());
                     return Err(e);
                 }
             };
@@ -365,7 +386,7 @@ impl Engine {
             }
             if events.is_empty() && maybe_stale {
                 drop(guard);
-                self.acks.restore(group_id, acks, self.store.hold_back());
+                self.acks.restore(group_id, acks, self.ack_hold());
                 continue;
             }
             if events.is_empty() {
@@ -375,7 +396,7 @@ impl Engine {
                 // A refusal too rests on the state it was decided against,
                 // which may hold another request's write not yet flushed
                 // (or a held one): a crash must not take its reason back.
-                self.make_durable(group_id, state.meta.last_seq).await?;
+                self.store.durable(group_id).await?;
                 return Ok(Executed {
                     decision: decided?,
                     events,
@@ -395,14 +416,11 @@ impl Engine {
                 state: &state,
                 events: &events,
             };
-            let written = match durability {
-                Durability::Await => self.store.write(write).await,
-                Durability::Background => self.store.write_held(write).await,
-            };
+            let written = self.store.append(write, durability).await;
             drop(guard);
-            match written {
+            let durable = match written {
                 Err(store::Error::Conflict(_)) => {
-                    self.acks.restore(group_id, acks, self.store.hold_back());
+                    self.acks.restore(group_id, acks, self.ack_hold());
                     ::metrics::counter!(crate::metrics::WRITE_CONFLICTS).increment(1);
                     tracing::debug!(
                         group_id,
@@ -411,8 +429,8 @@ impl Engine {
                     continue;
                 }
                 Err(e) => return Err(e.into()),
-                Ok(()) => {}
-            }
+                Ok(durable) => durable,
+            };
             // Every way a subscription opens or ends (a result, `final`, a
             // cancel of either kind, the built-in tool, a lost call) is a
             // change of the active set, counted here once.
@@ -422,35 +440,12 @@ impl Engine {
             }
             // The command's own events, after the acknowledgements it carried.
             let events = events.split_off(acked);
-            if durability == Durability::Background {
-                let (store, group_id) = (self.store.clone(), group_id.to_owned());
-                let (durable, expected) = (state.meta.last_seq, expected_last_seq);
-                tokio::spawn(async move {
-                    let hold = store.hold_back();
-                    if !hold.is_zero() {
-                        tokio::time::sleep(hold).await;
-                    }
-                    let flushed =
-                        store.settle(&group_id).await.is_ok() && store.flush().await.is_ok();
-                    store.publish(&group_id, if flushed { durable } else { expected });
-                });
-                return Ok(Executed {
-                    decision: decided?,
-                    events,
-                    state,
-                    turn,
-                });
-            }
-            let flushed = self.store.flush().await;
             // Readers see the events only once they are durable; a failed
-            // flush releases the write without showing it.
-            let durable = if flushed.is_ok() {
-                state.meta.last_seq
-            } else {
-                expected_last_seq
-            };
-            self.store.publish(group_id, durable);
-            flushed?;
+            // flush releases the write without showing it. Nobody waits
+            // for a background write: the store finishes it on its own.
+            if durability == Durability::Await {
+                durable.await?;
+            }
             return Ok(Executed {
                 decision: decided?,
                 events,
@@ -500,16 +495,6 @@ impl Engine {
             loads += 1;
         }
         Ok((state, maybe_stale))
-    }
-
-    /// Returns once the thread's state up to `seq` is durable, including a
-    /// commit the store still held back.
-    pub(crate) async fn make_durable(&self, group_id: &str, seq: u64) -> Result<(), Error> {
-        if !self.store.is_durable(group_id, seq) {
-            self.store.settle(group_id).await?;
-            self.store.flush().await?;
-        }
-        Ok(())
     }
 
     /// Checks a `group_id` or call `id` against the documented limits.
@@ -591,35 +576,6 @@ pub(crate) mod tests {
             endpoint: format!("{base}/invoke"),
         });
         call
-    }
-
-    /// A call of `demo.echo` with no tool to dispatch to.
-    #[tokio::test]
-    async fn a_refusal_waits_until_what_it_rests_on_is_durable() {
-        let dir = tempfile::tempdir().unwrap();
-        // Held until settled: the background write waits a minute.
-        let hold = std::time::Duration::from_secs(60);
-        let store = Arc::new(SledStore::open_holding(dir.path(), hold).unwrap());
-        let engine = engine(store.clone());
-        let submit = |text| Command::Submit(call("c1", text));
-        engine.execute("g", submit("a")).await.unwrap();
-        // Held back by the store: written, not yet durable.
-        let acked = Command::DispatchAcked {
-            id: "c1".into(),
-            attempts: 1,
-        };
-        engine.record("g", acked).await.unwrap();
-        assert!(store.holds("g"), "the acknowledgement is held back");
-        // The same id with another body is refused (409), decided against
-        // the state that includes the held write.
-        let refused = engine.execute("g", submit("b")).await;
-        assert!(
-            matches!(refused, Err(Error::Rejected(Rejection::Conflict(_)))),
-            "{:?}",
-            refused.err()
-        );
-        // Settled into sled, and `make_durable` flushes right after.
-        assert!(!store.holds("g"), "refused before its state was written");
     }
 
     /// An allowed call whose dispatch work was lost (its worker died

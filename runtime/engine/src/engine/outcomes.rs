@@ -47,22 +47,21 @@ impl Outcomes for Engine {
         }
     }
 
-    /// Where the store holds writes back, the acknowledgement waits for
-    /// the thread's next command to carry it ([`super::acks`]); elsewhere
-    /// it is recorded after the engine's dispatch grace, if the call still
-    /// waits for it ([`Engine::with_dispatch_grace`]).
+    /// Recorded as [`super::Acknowledgements`] says: waiting for the
+    /// thread's next command to carry it ([`super::acks`]), after a grace,
+    /// or at once.
     async fn acknowledged(&self, group_id: &str, id: &str, attempts: u32) -> bool {
         let ack = super::acks::Ack {
             id: id.into(),
             attempts,
             at: super::now(),
         };
-        let command = match self.acks.wait(group_id, ack, self.store.hold_back()) {
+        let command = match self.acks.wait(group_id, ack, self.ack_hold()) {
             Ok(()) => return true,
             Err(ack) => ack.command(),
         };
-        if !self.dispatch_grace.is_zero() {
-            tokio::time::sleep(self.dispatch_grace).await;
+        if let super::Acknowledgements::AfterGrace(grace) = self.acknowledgements {
+            tokio::time::sleep(grace).await;
         }
         match self.record(group_id, command).await {
             Ok(_) | Err(Error::Rejected(_)) => true,

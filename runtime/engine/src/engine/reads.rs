@@ -15,7 +15,7 @@ impl Engine {
     /// write once it is inserted, and a flush started after that covers
     /// it).
     async fn durable_read<T>(&self, group_id: &str, read: T) -> Result<T, Error> {
-        self.make_durable(group_id, 0).await?;
+        self.store.durable(group_id).await?;
         Ok(read)
     }
 
@@ -42,16 +42,9 @@ impl Engine {
         let mut threads = self.store.threads().await?;
         threads.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
         threads.truncate(limit);
-        let mut pending = false;
-        for thread in &threads {
-            if !self.store.is_durable(&thread.group_id, 0) {
-                self.store.settle(&thread.group_id).await?;
-                pending = true;
-            }
-        }
-        if pending {
-            self.store.flush().await?;
-        }
+        // Concurrently: one group commit covers the threads that need one.
+        let durable = threads.iter().map(|t| self.store.durable(&t.group_id));
+        futures::future::try_join_all(durable).await?;
         Ok(threads)
     }
 

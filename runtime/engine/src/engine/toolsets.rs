@@ -62,7 +62,7 @@ impl Engine {
         // a registration's write, applied after its insert, would take the
         // new version out of the registry until the next reload.
         let _writing = self.toolset_writes.lock().await;
-        let stored = self.store.toolsets().await?;
+        let stored = self.toolset_store.toolsets().await?;
         self.use_toolsets(stored.clone());
         Ok(stored)
     }
@@ -129,7 +129,7 @@ impl Engine {
                 policy
             }
             None => self
-                .store
+                .toolset_store
                 .toolsets()
                 .await?
                 .into_iter()
@@ -231,8 +231,7 @@ impl Engine {
     }
 
     async fn install_checked(&self, loaded: LoadedToolset) -> Result<RegisteredToolset, Error> {
-        self.store.put_toolset(&loaded.stored).await?;
-        self.store.flush().await?;
+        self.toolset_store.put_toolset(&loaded.stored).await?;
         let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
         self.registry.insert(loaded);
         info!(toolset = ?name, %version, "toolset registered");
@@ -255,11 +254,10 @@ impl Engine {
             return Err(no_toolset(name, version));
         }
         for toolset in &removed {
-            self.store
+            self.toolset_store
                 .delete_toolset(&toolset.name, &toolset.version)
                 .await?;
         }
-        self.store.flush().await?;
         info!(toolset = name, versions = removed.len(), "toolset removed");
         Ok(removed.len())
     }
