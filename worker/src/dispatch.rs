@@ -1,30 +1,42 @@
-//! POSTing one invocation until the tool acknowledges it: 200 is success;
-//! connection errors, 5xx and 429 (honouring `Retry-After`) are retried with
-//! exponential backoff up to a bounded number of attempts; any other answer
-//! is final (`rap-3` Transport: never retry a 4xx).
+//! Handing one invocation to its tool until the tool acknowledges it: each
+//! attempt goes through the tool's protocol ([`ToolProtocol`]), which says
+//! whether it was acknowledged, is worth another try (after the tool's
+//! `Retry-After`, if it gave one) or is final; transient failures are
+//! retried with exponential backoff up to a bounded number of attempts.
 //!
 //! What is bounded is the attempts in flight (HTTP requests waiting for a
 //! tool's answer), not the calls being dispatched: a call waiting out its
 //! backoff, or a `Retry-After` of minutes, holds no slot, so a failing tool
 //! cannot keep every other tool's calls from being sent.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use backoff::backoff::Backoff;
 use backoff::ExponentialBackoffBuilder;
 use ferry_proto::Invocation;
-use reqwest::{header::RETRY_AFTER, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 
 use crate::metrics::record_attempt;
+use crate::rap::Rap;
 use crate::Outcomes;
 
-/// The longest `Retry-After` honoured.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+/// The longest `Retry-After` honoured: a broken header must not park a
+/// call for hours.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// How a tool protocol hands a tool one call: one attempt, classified for
+/// the retry rules, which are the same for every protocol. RAP
+/// ([`Rap`]: a POST of the invocation) is the one built in.
+#[async_trait]
+pub trait ToolProtocol: Send + Sync + 'static {
+    /// Sends `invocation` to `endpoint` once, waiting at most `timeout`
+    /// for the tool's answer.
+    async fn attempt(&self, endpoint: &str, invocation: &Invocation, timeout: Duration) -> Attempt;
+}
 
 /// Retry policy and the one clock of a dispatch: the acknowledgement
 /// timeout of a single attempt.
@@ -129,37 +141,6 @@ pub enum Attempt {
     },
 }
 
-impl Attempt {
-    /// Classifies an HTTP answer.
-    pub fn classify(status: StatusCode, retry_after: Option<Duration>) -> Self {
-        match status.as_u16() {
-            200 => Attempt::Acknowledged,
-            429 | 500..=599 => Attempt::Transient {
-                status: Some(status.as_u16()),
-                retry_after,
-            },
-            other => Attempt::Final { status: other },
-        }
-    }
-}
-
-/// The wait a `Retry-After` value asks for (RFC 9110 10.2.3): delay
-/// seconds, or an HTTP date (a date already past asks for none). Seconds
-/// too many to count ask for the longest wait honoured; anything else is
-/// no header at all.
-fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return Some(
-            value
-                .parse::<u64>()
-                .map_or(MAX_RETRY_AFTER, Duration::from_secs),
-        );
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 /// How often a call waiting out a backoff asks whether it is still wanted:
 /// a call cancelled meanwhile frees its thread's queue within this, not
 /// after the rest of a `Retry-After` of minutes.
@@ -188,46 +169,26 @@ where
 /// and the stop).
 #[derive(Clone)]
 pub struct Dispatcher {
-    client: reqwest::Client,
+    protocol: Arc<dyn ToolProtocol>,
     config: DispatchConfig,
     in_flight: Arc<Semaphore>,
-    endpoints: Arc<Endpoints>,
     /// Raised by [`Dispatcher::stop`].
     stopping: Arc<watch::Sender<bool>>,
 }
 
-/// Tool endpoints, each parsed once: a process sends to few of them, and
-/// parsing the URL anew was about 1% of a fast call's CPU. Cleared when it
-/// holds [`Endpoints::MAX`], so endpoints that come and go cannot grow it.
-#[derive(Default)]
-struct Endpoints(Mutex<HashMap<String, Url>>);
-
-impl Endpoints {
-    const MAX: usize = 1024;
-
-    /// `endpoint` parsed, or `None` if it is not a URL.
-    fn parsed(&self, endpoint: &str) -> Option<Url> {
-        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(url) = known.get(endpoint) {
-            return Some(url.clone());
-        }
-        let url = Url::parse(endpoint).ok()?;
-        if known.len() >= Self::MAX {
-            known.clear();
-        }
-        known.insert(endpoint.to_owned(), url.clone());
-        Some(url)
-    }
-}
-
 impl Dispatcher {
+    /// A dispatcher to RAP tools.
     pub fn new(client: reqwest::Client, config: DispatchConfig) -> Self {
+        Self::with_protocol(Arc::new(Rap::new(client)), config)
+    }
+
+    /// A dispatcher whose attempts go through `protocol`.
+    pub fn with_protocol(protocol: Arc<dyn ToolProtocol>, config: DispatchConfig) -> Self {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
         Self {
-            client,
+            protocol,
             config,
             in_flight,
-            endpoints: Arc::default(),
             stopping: Arc::new(watch::Sender::new(false)),
         }
     }
@@ -246,33 +207,6 @@ impl Dispatcher {
         let mut stopping = self.stopping.subscribe();
         // The sender lives as long as `self`.
         let _ = stopping.wait_for(|stopping| *stopping).await;
-    }
-
-    async fn attempt(&self, endpoint: &str, invocation: &Invocation) -> Attempt {
-        let request = match self.endpoints.parsed(endpoint) {
-            Some(url) => self.client.post(url),
-            // reqwest's own error, handled like any failed send.
-            None => self.client.post(endpoint),
-        };
-        let sent = request
-            .timeout(self.config.ack_timeout)
-            .json(invocation)
-            .send()
-            .await;
-        match sent {
-            Ok(response) => {
-                let retry_after = response
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| retry_after(v, std::time::SystemTime::now()));
-                Attempt::classify(response.status(), retry_after)
-            }
-            Err(_) => Attempt::Transient {
-                status: None,
-                retry_after: None,
-            },
-        }
     }
 
     /// Dispatches until acknowledged, refused, or out of attempts, counting
@@ -320,7 +254,10 @@ impl Dispatcher {
                     return Err(Failure::OutOfAttempts { attempts });
                 }
                 attempts += 1;
-                let (status, retry_after) = match self.attempt(endpoint, invocation).await {
+                let sent = self
+                    .protocol
+                    .attempt(endpoint, invocation, self.config.ack_timeout);
+                let (status, retry_after) = match sent.await {
                     Attempt::Acknowledged => {
                         record_attempt("acknowledged");
                         return Ok(attempts);
@@ -345,8 +282,7 @@ impl Dispatcher {
                         None => Failure::Unreachable { attempts },
                     });
                 }
-                // Honour the tool's Retry-After, bounded so a broken header
-                // cannot park the call for hours.
+                // Honour the tool's Retry-After, bounded.
                 let wait = match retry_after {
                     Some(asked) => asked.min(MAX_RETRY_AFTER),
                     None => policy.next_backoff().unwrap_or(self.config.max_backoff),
@@ -375,81 +311,6 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints_are_parsed_once_and_bounded() {
-        let endpoints = Endpoints::default();
-        let url = endpoints.parsed("http://127.0.0.1:9/invoke").unwrap();
-        assert_eq!(url.as_str(), "http://127.0.0.1:9/invoke");
-        assert_eq!(endpoints.parsed("http://127.0.0.1:9/invoke"), Some(url));
-        assert_eq!(endpoints.parsed("not a url"), None);
-        for n in 0..Endpoints::MAX + 10 {
-            endpoints.parsed(&format!("http://h{n}/invoke")).unwrap();
-        }
-        assert!(endpoints.0.lock().unwrap().len() <= Endpoints::MAX);
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_or_an_http_date() {
-        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
-        let cases = [
-            ("120", Some(Duration::from_secs(120))),
-            (" 7 ", Some(Duration::from_secs(7))),
-            ("0", Some(Duration::ZERO)),
-            // More seconds than a u64 holds: the longest wait honoured.
-            ("99999999999999999999999", Some(MAX_RETRY_AFTER)),
-            // The RFC's own example date, 30 s after `now`.
-            (
-                "Wed, 21 Oct 2015 07:28:30 GMT",
-                Some(Duration::from_secs(30)),
-            ),
-            // A date already past: retry at once.
-            ("Wed, 21 Oct 2015 07:27:00 GMT", Some(Duration::ZERO)),
-            ("-5", None),
-            ("1.5", None),
-            ("soon", None),
-            ("", None),
-        ];
-        for (value, expected) in cases {
-            assert_eq!(retry_after(value, now), expected, "{value:?}");
-        }
-    }
-
-    #[test]
-    fn classification_follows_the_transport_rules() {
-        let s = |code| StatusCode::from_u16(code).unwrap();
-        let cases = [
-            (200, Attempt::Acknowledged),
-            (
-                500,
-                Attempt::Transient {
-                    status: Some(500),
-                    retry_after: None,
-                },
-            ),
-            (
-                503,
-                Attempt::Transient {
-                    status: Some(503),
-                    retry_after: None,
-                },
-            ),
-            (
-                429,
-                Attempt::Transient {
-                    status: Some(429),
-                    retry_after: None,
-                },
-            ),
-            (404, Attempt::Final { status: 404 }),
-            (400, Attempt::Final { status: 400 }),
-            (202, Attempt::Final { status: 202 }),
-            (301, Attempt::Final { status: 301 }),
-        ];
-        for (code, expected) in cases {
-            assert_eq!(Attempt::classify(s(code), None), expected, "{code}");
-        }
-    }
 
     /// What a runtime recorded about one call (the attempts made before),
     /// for the dispatcher alone; it says when an attempt failed.

@@ -1,6 +1,7 @@
-//! Ferry's dispatch (the worker side): it takes dispatch work, POSTs RAP
-//! invocations to tools with bounded exponential backoff, and reports each
-//! outcome through the [`Outcomes`] trait it owns. It also sends the
+//! Ferry's dispatch (the worker side): it takes dispatch work, hands each
+//! invocation to its tool through a [`ToolProtocol`] (RAP's is [`Rap`])
+//! with bounded exponential backoff, and reports each outcome through the
+//! [`Outcomes`] trait it owns. It also sends the
 //! runtime-to-tool-server notifications (`rap-3`).
 //!
 //! **Invariant:** a worker keeps nothing between messages; every decision
@@ -9,6 +10,7 @@
 mod dispatch;
 pub mod metrics;
 mod notify;
+mod rap;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,8 +21,9 @@ use ferry_proto::bus::Work;
 use tokio::sync::Notify;
 use tracing::{info, instrument, warn};
 
-pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure};
+pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure, ToolProtocol};
 pub use notify::{CallLiveness, ChoiceDelivery, Notifier};
+pub use rap::Rap;
 
 /// Where a worker reports what happened to the calls it dispatches. The
 /// runtime implements it by deciding through the thread state machine.
