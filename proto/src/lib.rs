@@ -10,7 +10,9 @@ pub mod error_code;
 pub mod idempotency;
 pub mod jsonrpc;
 pub mod rap;
+pub mod time;
 
 pub use api::{CallStatus, ErrorBody, Event, EventKind};
 pub use error_code::ErrorCode;
 pub use rap::{Callback, ContentItem, DisplaySegment, Invocation, Manifest, ToolDef};
+pub use time::{Deadline, Timestamp};
