@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::idempotency::IdempotencyKey;
 use crate::rap::{ContentItem, DisplaySegment};
+use crate::time::{Deadline, Timestamp};
 
 /// `POST /v1/calls`: the RAP invocation fields minus `callback_url`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,7 +145,7 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// RFC 3339 UTC, milliseconds.
-    pub at: String,
+    pub at: Timestamp,
     /// The `Idempotency-Key` of the tool's callback that recorded the
     /// event, with its body's fingerprint: a repeat of the key for the
     /// same call is answered `duplicate` and records nothing.
@@ -241,7 +242,7 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user_id: Option<String>,
         options: Vec<PermissionOption>,
-        deadline: String,
+        deadline: Deadline,
     },
     /// A reviewer, a standing grant (`reviewer` = `grant:<group_id>`) or the
     /// timeout (`reviewer` = `timeout`) decided. `tool` keys the grant an

@@ -1,5 +1,6 @@
 use super::*;
 use ferry_proto::api::{CallStatus, EventKind};
+use ferry_proto::time::Timestamp;
 use ferry_store::testing::call;
 
 fn event(group_id: &str, seq: u64) -> Event {
@@ -7,7 +8,7 @@ fn event(group_id: &str, seq: u64) -> Event {
         seq,
         group_id: group_id.into(),
         id: None,
-        at: "t".into(),
+        at: Timestamp::from_millis(0),
         idempotency_key: None,
         kind: EventKind::ThreadClosed {},
     }

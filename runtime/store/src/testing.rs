@@ -2,6 +2,7 @@
 //! `testing`).
 
 use ferry_core::thread::{CallRecord, Submission};
+use ferry_proto::time::Timestamp;
 
 /// A queued call `id`.
 pub fn call(id: &str) -> CallRecord {
@@ -12,5 +13,12 @@ pub fn call(id: &str) -> CallRecord {
         user_id: None,
         thread_ancestors: None,
     };
-    CallRecord::queued(id, submission, "T.t@1.0.0".into(), None, 1, "")
+    CallRecord::queued(
+        id,
+        submission,
+        "T.t@1.0.0".into(),
+        None,
+        1,
+        Timestamp::UNIX_EPOCH,
+    )
 }

@@ -202,7 +202,7 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
                 seq: state.meta.last_seq,
                 group_id: "g".into(),
                 id: None,
-                at: "2026-11-29T00:00:00.000Z".into(),
+                at: "2026-11-29T00:00:00.000Z".parse().unwrap(),
                 idempotency_key: None,
                 kind: EventKind::ThreadClosed {},
             }];

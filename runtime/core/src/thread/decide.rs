@@ -685,7 +685,7 @@ fn submit(state: &ThreadState, call: &NewCall) -> Result<Decision, Rejection> {
                     arguments: call.submission.arguments.clone(),
                     user_id: call.submission.user_id.clone(),
                     options: PermissionKind::ALL.iter().map(|k| k.option()).collect(),
-                    deadline: gate.deadline.clone(),
+                    deadline: gate.deadline,
                 },
             )),
         }

@@ -1,6 +1,7 @@
 //! Folding events into thread state.
 
 use ferry_proto::api::{CallResult, CallStatus, Event, EventKind, PendingChoice, ResultOrigin};
+use ferry_proto::time::Timestamp;
 
 use super::decide::Change;
 use super::state::{ApprovalRecord, Submission};
@@ -9,7 +10,7 @@ use super::Reviewer;
 
 /// Numbers `changes` after the thread's last event, stamps them with `at`,
 /// folds them into `state`, and returns the events to record.
-pub fn apply(state: &mut ThreadState, at: &str, changes: Vec<Change>) -> Vec<Event> {
+pub fn apply(state: &mut ThreadState, at: Timestamp, changes: Vec<Change>) -> Vec<Event> {
     changes
         .into_iter()
         .map(|change| {
@@ -17,7 +18,7 @@ pub fn apply(state: &mut ThreadState, at: &str, changes: Vec<Change>) -> Vec<Eve
                 seq: state.meta.last_seq + 1,
                 group_id: state.meta.group_id.clone(),
                 id: change.id,
-                at: at.to_owned(),
+                at,
                 idempotency_key: change.idempotency_key,
                 kind: change.kind,
             };
@@ -30,11 +31,12 @@ pub fn apply(state: &mut ThreadState, at: &str, changes: Vec<Change>) -> Vec<Eve
 /// Folds one event into `state`. The calls an event names must be loaded.
 pub fn evolve(state: &mut ThreadState, event: &Event) {
     let meta = &mut state.meta;
-    meta.last_seq = event.seq;
-    if meta.created_at.is_empty() {
-        meta.created_at = event.at.clone();
+    // The thread's first event dates it.
+    if meta.last_seq == 0 {
+        meta.created_at = event.at;
     }
-    meta.updated_at = event.at.clone();
+    meta.last_seq = event.seq;
+    meta.updated_at = event.at;
     let id = event.id.as_deref().unwrap_or_default();
     // A keyed callback's event: its call remembers the key (whatever the
     // event, a `view_update` included).
@@ -71,7 +73,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 tool.clone(),
                 target.clone(),
                 event.seq,
-                &event.at,
+                event.at,
             );
             meta.unsettled.insert(id.to_owned());
             state.calls.insert(id.to_owned(), record);
@@ -88,7 +90,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 debug_assert!(false, "event {} for a call not loaded", kind.name());
                 return;
             };
-            call.updated_at = event.at.clone();
+            call.updated_at = event.at;
             let status = match kind {
                 EventKind::CallDispatched { attempts, .. } => {
                     call.attempts = *attempts;
@@ -186,7 +188,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                     CallStatus::AwaitingUser
                 }
                 EventKind::ApprovalRequested { deadline, .. } => {
-                    call.approval_deadline = Some(deadline.clone());
+                    call.approval_deadline = Some(*deadline);
                     CallStatus::PendingApproval
                 }
                 EventKind::ApprovalDecided {
@@ -208,7 +210,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                         option_id: *option_id,
                         reviewer: reviewer.clone(),
                         reason: reason.clone(),
-                        at: event.at.clone(),
+                        at: event.at,
                     });
                     if option_id.allows() {
                         CallStatus::Queued

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ferry_proto::api::{CallResult, CallStatus, PendingChoice, PermissionKind, ToolTarget};
 use ferry_proto::idempotency::IdempotencyKey;
+use ferry_proto::time::{Deadline, Timestamp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -36,8 +37,9 @@ pub struct ThreadMeta {
     /// among their `thread_ancestors`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub grants: BTreeMap<String, PermissionKind>,
-    pub created_at: String,
-    pub updated_at: String,
+    /// When the thread's first event was recorded; the epoch until then.
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 /// One call and everything known about it.
@@ -56,8 +58,8 @@ pub struct CallRecord {
     /// acknowledged (or Ferry gave up).
     pub attempts: u32,
     pub accepted_seq: u64,
-    pub created_at: String,
-    pub updated_at: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<CallResult>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,7 +72,7 @@ pub struct CallRecord {
     pub subscription_ended: bool,
     /// When a pending approval is rejected automatically (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub approval_deadline: Option<String>,
+    pub approval_deadline: Option<Deadline>,
     /// How the approval gate was decided, when the tool is gated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalRecord>,
@@ -94,7 +96,7 @@ impl CallRecord {
         tool: String,
         target: Option<ToolTarget>,
         seq: u64,
-        at: &str,
+        at: Timestamp,
     ) -> Self {
         Self {
             id: id.to_owned(),
@@ -104,8 +106,8 @@ impl CallRecord {
             status: CallStatus::Queued,
             attempts: 0,
             accepted_seq: seq,
-            created_at: at.to_owned(),
-            updated_at: at.to_owned(),
+            created_at: at,
+            updated_at: at,
             result: None,
             auth_url: None,
             choice: None,
@@ -171,7 +173,7 @@ pub struct ApprovalRecord {
     pub reviewer: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    pub at: String,
+    pub at: Timestamp,
 }
 
 /// The grant key of a qualified tool name: `Toolset.tool@1.0.0` → `Toolset.tool`.
@@ -210,7 +212,7 @@ pub struct NewCall {
 /// unanswered request times out, and any standing grant of an ancestor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gate {
-    pub deadline: String,
+    pub deadline: Deadline,
     /// The nearest ancestor's standing decision for the tool, and that
     /// ancestor's `group_id`.
     pub inherited: Option<(PermissionKind, String)>,

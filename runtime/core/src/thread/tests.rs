@@ -4,11 +4,14 @@
 use ferry_proto::api::{CallStatus, EventKind, ToolTarget};
 use ferry_proto::idempotency::IdempotencyKey;
 use ferry_proto::rap::{Callback, OAuth, SubscriptionEvent, ToolResult, ViewUpdate};
+use ferry_proto::time::Timestamp;
 use serde_json::json;
 
 use super::*;
 
 const G: &str = "thread";
+/// When every event of these scenarios happens: the rules never read it.
+const AT: Timestamp = Timestamp::from_millis(0);
 
 fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
     NewCall {
@@ -46,7 +49,7 @@ fn view(id: &str, view_type: &str, content: serde_json::Value) -> Command {
 /// Records call `id`, queued, in `state`.
 fn submitted(state: &mut ThreadState, id: &str) {
     let decision = decide(state, &Command::Submit(new_call(id, json!({})))).unwrap();
-    apply(state, "t", decision.changes);
+    apply(state, AT, decision.changes);
 }
 
 /// Invariant 5: a view comes only from a call still waiting on its tool
@@ -168,7 +171,7 @@ fn check_more(mut state: ThreadState, steps: Vec<(Command, Expect)>) -> ThreadSt
         let before = state.clone();
         match (decide(&state, &command), expected) {
             (Ok(decision), Ok(names)) => {
-                let events = apply(&mut state, "t", decision.changes);
+                let events = apply(&mut state, AT, decision.changes);
                 let got: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
                 assert_eq!(got, names, "step {i}: {command:?}");
                 if names.is_empty() {
@@ -245,7 +248,7 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
     // The tool's result ends what it was owed: it waits for no answer.
     let mut done = state.clone();
     let finished = decide(&done, &result("u", "done", false)).unwrap();
-    apply(&mut done, "t", finished.changes);
+    apply(&mut done, AT, finished.changes);
     assert_eq!(status(&done, "u"), CallStatus::Completed);
     assert_eq!(done.calls["u"].undelivered_choice, None);
     assert!(done.meta.unsettled.is_empty());
@@ -267,7 +270,7 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         answer: answer.clone(),
     };
     let changes = decide(&delivered, &command).unwrap();
-    apply(&mut delivered, "t", changes.changes);
+    apply(&mut delivered, AT, changes.changes);
     assert_eq!(delivered.calls["u"].undelivered_choice, None);
     assert!(
         delivered.meta.unsettled.contains("u"),
@@ -286,7 +289,7 @@ fn unsettled_calls_are_those_ferry_still_owes_something() {
         changes.changes[0].kind,
         EventKind::ChoiceRefused { status: 410 }
     );
-    apply(&mut state, "t", changes.changes);
+    apply(&mut state, AT, changes.changes);
     assert_eq!(state.calls["u"].undelivered_choice, None);
     assert_eq!(status(&state, "u"), CallStatus::Dispatched);
     assert_eq!(
@@ -427,7 +430,7 @@ fn an_acknowledgement_after_the_result_is_marked_late() {
     )]);
     assert!(!dispatched(&state, 1));
     let result = decide(&state, &result("c", "done", false)).unwrap();
-    apply(&mut state, "t", result.changes);
+    apply(&mut state, AT, result.changes);
     assert!(dispatched(&state, 2));
 }
 
@@ -829,7 +832,7 @@ fn the_fold_of_the_log_rebuilds_the_state() {
         Command::Close,
     ] {
         let decision = decide(&live, &command).unwrap();
-        log.extend(apply(&mut live, "t", decision.changes));
+        log.extend(apply(&mut live, AT, decision.changes));
     }
     let mut replayed = ThreadState::new(G);
     for event in &log {
@@ -862,7 +865,7 @@ fn keys(state: &ThreadState, id: &str) -> Vec<String> {
 /// What `command` does to `state`, which it then changes.
 fn outcome(state: &mut ThreadState, command: &Command) -> Result<Outcome, Rejection> {
     let decision = decide(state, command)?;
-    apply(state, "t", decision.changes);
+    apply(state, AT, decision.changes);
     Ok(decision.outcome)
 }
 
@@ -1040,7 +1043,7 @@ fn gated_under(
     call.submission.thread_ancestors = names(named);
     Command::Submit(NewCall {
         gate: Some(Gate {
-            deadline: "2026-01-01T00:05:00Z".into(),
+            deadline: "2026-01-01T00:05:00Z".parse().unwrap(),
             inherited: inherited.map(|(k, g)| (k, g.to_owned())),
             ancestors: names(read_for),
         }),

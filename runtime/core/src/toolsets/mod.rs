@@ -8,6 +8,7 @@ mod resolve;
 mod validate;
 
 use ferry_proto::rap::Manifest;
+use ferry_proto::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{check_base_url, read_manifest, redacted, DiscoveryError, MAX_MANIFEST_BYTES};
@@ -27,7 +28,7 @@ pub struct StoredToolset {
     /// The tool server's base URL the manifest was fetched from.
     pub url: String,
     pub manifest: Manifest,
-    pub registered_at: String,
+    pub registered_at: Timestamp,
     /// Ferry's approval policy for the toolset's tools.
     #[serde(default)]
     pub policy: ApprovalPolicy,

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use ferry_proto::time::Timestamp;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
@@ -28,7 +29,7 @@ use crate::thread::Command;
 pub(crate) struct Ack {
     pub id: String,
     pub attempts: u32,
-    pub at: String,
+    pub at: Timestamp,
 }
 
 impl Ack {
@@ -331,7 +332,7 @@ mod tests {
         Ack {
             id: id.into(),
             attempts: 1,
-            at: String::new(),
+            at: Timestamp::UNIX_EPOCH,
         }
     }
 

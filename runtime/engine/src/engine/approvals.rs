@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_proto::api::{CallStatus, PermissionKind};
+use ferry_proto::time::Deadline;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -60,13 +61,10 @@ impl Engine {
     ) -> Result<Gate, Error> {
         let recorded = self.recorded_ancestors(group_id).await?;
         let ancestors = recorded.as_deref().or(ancestors);
-        // Kept to the second, rounded up: a gate that closed up to a second
-        // early left a reviewer of a 1 s timeout no time at all.
-        let at = (SystemTime::now() + Duration::from_secs(timeout_secs))
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        let whole = at.as_secs() + u64::from(at.subsec_nanos() > 0);
-        let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(whole);
+        // Kept to the second, rounded up from the clock's own precision: a
+        // gate that closed up to a second early left a reviewer of a 1 s
+        // timeout no time at all.
+        let deadline = Deadline::at_or_after(SystemTime::now() + Duration::from_secs(timeout_secs));
         let mut inherited = None;
         // Root first on the wire: the parent is last, and nearest wins.
         for ancestor in ancestors.unwrap_or_default().iter().rev() {
@@ -81,7 +79,7 @@ impl Engine {
             }
         }
         Ok(Gate {
-            deadline: humantime::format_rfc3339_seconds(deadline).to_string(),
+            deadline,
             inherited,
             ancestors: ancestors.map(<[String]>::to_vec),
         })
@@ -182,19 +180,16 @@ impl Engine {
                 }
             }
         }
-        pending.sort_by(|a, b| a.1.created_at.cmp(&b.1.created_at));
+        pending.sort_by_key(|(_, call)| call.created_at);
         Ok(pending)
     }
 
     /// Arms the timeout of a pending approval.
     pub(crate) fn arm(&self, group_id: &str, call: &CallRecord) {
-        let Some(deadline) = call.approval_deadline.as_deref() else {
+        let Some(deadline) = call.approval_deadline else {
             return;
         };
-        let Ok(deadline) = humantime::parse_rfc3339(deadline) else {
-            warn!(group_id, call_id = ?call.id, deadline, "unreadable approval deadline");
-            return;
-        };
+        let deadline = deadline.to_system_time();
         let key = (group_id.to_owned(), call.id.clone());
         {
             let mut armed = self.armed.lock().expect("armed lock");

@@ -148,7 +148,7 @@ impl Engine {
                         .await?
                 }
                 CallStatus::PendingApproval => {
-                    info!(tool = ?call.tool, deadline = call.approval_deadline.as_deref().unwrap_or(""), "approval requested");
+                    info!(tool = ?call.tool, deadline = %call.approval_deadline.map_or_else(String::new, |d| d.to_string()), "approval requested");
                     self.arm(&group_id, call);
                 }
                 _ => {}

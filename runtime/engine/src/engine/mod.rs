@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use ferry_dispatch::Notifier;
 use ferry_proto::api::Event;
+use ferry_proto::time::Timestamp;
 use ferry_proto::ErrorCode;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -373,16 +374,16 @@ impl Engine {
             let acked = events.len();
             // After an acknowledgement that kept its tool's later time.
             let at = if acked > 0 && state.meta.updated_at > at {
-                state.meta.updated_at.clone()
+                state.meta.updated_at
             } else {
-                at.clone()
+                at
             };
             let decided = match command {
                 Some(command) => thread::decide(&state, command),
                 None => Ok(Decision::nothing(thread::Outcome::Applied)),
             };
             if let Ok(decision) = &decided {
-                events.extend(thread::apply(&mut state, &at, decision.changes.clone()));
+                events.extend(thread::apply(&mut state, at, decision.changes.clone()));
             }
             if events.is_empty() && maybe_stale {
                 drop(guard);
@@ -543,20 +544,16 @@ fn apply_acks(state: &mut ThreadState, acks: &[acks::Ack]) -> Vec<Event> {
     let mut events = vec![];
     for ack in acks {
         if let Ok(decision) = thread::decide(state, &ack.command()) {
-            let at = ack
-                .at
-                .as_str()
-                .max(state.meta.updated_at.as_str())
-                .to_owned();
-            events.extend(thread::apply(state, &at, decision.changes));
+            let at = ack.at.max(state.meta.updated_at);
+            events.extend(thread::apply(state, at, decision.changes));
         }
     }
     events
 }
 
-/// The current time, RFC 3339 UTC with milliseconds.
-pub fn now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+/// The current time, to the millisecond.
+pub fn now() -> Timestamp {
+    Timestamp::from(std::time::SystemTime::now())
 }
 
 #[cfg(test)]
@@ -590,7 +587,7 @@ pub(crate) mod tests {
         let engine = Arc::new(engine_with(store, bus.clone()));
         let mut gated = to_tool(call("c1", "a"), "http://tool");
         gated.gate = Some(crate::thread::Gate {
-            deadline: "2099-01-01T00:00:00Z".into(),
+            deadline: "2099-01-01T00:00:00Z".parse().unwrap(),
             inherited: None,
             ancestors: None,
         });
@@ -645,7 +642,7 @@ pub(crate) mod tests {
         for _ in 0..20 {
             let earliest = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
             let gate = engine.gate("demo.echo@1.0.0", 1, "g", None).await.unwrap();
-            let deadline = humantime::parse_rfc3339(&gate.deadline).unwrap();
+            let deadline = gate.deadline.to_system_time();
             assert!(deadline >= earliest, "{} is early", gate.deadline);
             tokio::time::sleep(std::time::Duration::from_millis(37)).await;
         }
@@ -661,9 +658,15 @@ pub(crate) mod tests {
         let engine = Arc::new(engine(Arc::new(SledStore::open(dir.path()).unwrap())));
         let armed = |id: &str| {
             let new = call(id, "a");
-            let mut record =
-                crate::thread::CallRecord::queued(id, new.submission, new.tool, None, 1, "");
-            record.approval_deadline = Some("2099-01-01T00:00:00Z".into());
+            let mut record = crate::thread::CallRecord::queued(
+                id,
+                new.submission,
+                new.tool,
+                None,
+                1,
+                Timestamp::UNIX_EPOCH,
+            );
+            record.approval_deadline = Some("2099-01-01T00:00:00Z".parse().unwrap());
             engine.arm("g", &record);
         };
         armed("decided-elsewhere");
@@ -682,9 +685,15 @@ pub(crate) mod tests {
         let engine = Arc::new(engine(Arc::new(SledStore::open(dir.path()).unwrap())));
         engine.start_timers();
         let new = call("c1", "a");
-        let mut record =
-            crate::thread::CallRecord::queued("c1", new.submission, new.tool, None, 1, "");
-        record.approval_deadline = Some("2099-01-01T00:00:00Z".into());
+        let mut record = crate::thread::CallRecord::queued(
+            "c1",
+            new.submission,
+            new.tool,
+            None,
+            1,
+            Timestamp::UNIX_EPOCH,
+        );
+        record.approval_deadline = Some("2099-01-01T00:00:00Z".parse().unwrap());
         let armed = || engine.armed.lock().unwrap().len();
         for _ in 0..3 {
             engine.arm("g", &record);

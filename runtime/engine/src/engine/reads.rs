@@ -40,7 +40,7 @@ impl Engine {
     /// The most recently active threads, newest first (each as durable).
     pub async fn recent_threads(&self, limit: usize) -> Result<Vec<ThreadMeta>, Error> {
         let mut threads = self.store.threads().await?;
-        threads.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+        threads.sort_by_key(|meta| std::cmp::Reverse(meta.updated_at));
         threads.truncate(limit);
         // Concurrently: one group commit covers the threads that need one.
         let durable = threads.iter().map(|t| self.store.durable(&t.group_id));
@@ -221,7 +221,7 @@ mod tests {
             seq,
             group_id: "g".into(),
             id: None,
-            at: String::new(),
+            at: ferry_proto::time::Timestamp::UNIX_EPOCH,
             idempotency_key: None,
             kind: EventKind::ThreadClosed {},
         }

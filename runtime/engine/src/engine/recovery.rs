@@ -128,8 +128,8 @@ impl Engine {
                 }
                 CallStatus::Queued => {}
                 status if status.is_open() => {
-                    let quiet = humantime::parse_rfc3339(&call.updated_at)
-                        .is_ok_and(|at| asked_before.is_some_and(|before| at <= before));
+                    let quiet = asked_before
+                        .is_some_and(|before| call.updated_at.to_system_time() <= before);
                     if let (true, Some(target)) = (quiet, call.target) {
                         waiting.push((group_id, id, target.base_url));
                     }

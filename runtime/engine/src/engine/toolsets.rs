@@ -1,6 +1,7 @@
 //! Registering, refreshing, listing and removing toolsets. Registration is
 //! durable before it is answered, and all-or-nothing.
 
+use ferry_proto::time::Timestamp;
 use semver::Version;
 use serde::Serialize;
 use serde_json::Value;
@@ -22,7 +23,7 @@ pub struct RegisteredToolset {
     pub endpoint: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    pub registered_at: String,
+    pub registered_at: Timestamp,
     /// Ferry's approval policy for these tools.
     pub policy: ApprovalPolicy,
     pub tools: Vec<ToolView>,
@@ -319,7 +320,7 @@ impl Engine {
             url: toolsets::redacted(&s.url),
             endpoint: s.manifest.endpoint.clone(),
             description: s.manifest.description.clone(),
-            registered_at: s.registered_at.clone(),
+            registered_at: s.registered_at,
             policy: s.policy.clone(),
             tools: s
                 .manifest

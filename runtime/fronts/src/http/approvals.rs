@@ -38,9 +38,8 @@ pub async fn list(
         .await?
         .into_iter()
         .map(|(group_id, call)| {
-            let age = humantime::parse_rfc3339(&call.created_at)
-                .ok()
-                .and_then(|t| now.duration_since(t).ok())
+            let age = now
+                .duration_since(call.created_at.to_system_time())
                 .map_or(0, |d| d.as_secs());
             json!({
                 "group_id": group_id,

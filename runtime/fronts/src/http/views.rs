@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use ferry_proto::api::{CallResult, CallStatus, PendingChoice, PermissionKind};
+use ferry_proto::time::{Deadline, Timestamp};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -23,8 +24,8 @@ pub struct CallView {
     pub attempts: u32,
     /// The sequence number of the `call_accepted` event.
     pub seq: u64,
-    pub created_at: String,
-    pub updated_at: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<CallResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -35,7 +36,7 @@ pub struct CallView {
     pub subscription: Option<SubscriptionView>,
     /// When a pending approval is rejected automatically.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub approval_deadline: Option<String>,
+    pub approval_deadline: Option<Deadline>,
     /// How the approval gate decided, for gated tools.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalRecord>,
@@ -97,8 +98,8 @@ pub struct ThreadView {
     pub views: BTreeMap<String, Value>,
     /// Standing approval decisions by tool (`Toolset.tool`).
     pub grants: BTreeMap<String, PermissionKind>,
-    pub created_at: String,
-    pub updated_at: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 impl From<ThreadMeta> for ThreadView {

@@ -317,8 +317,7 @@ fn describe(call: &CallRecord) -> String {
             "waiting for a reviewer to approve {} (until {})",
             call.tool,
             call.approval_deadline
-                .as_deref()
-                .unwrap_or("the approval timeout")
+                .map_or_else(|| "the approval timeout".to_owned(), |d| d.to_string())
         ),
         CallStatus::Queued => "queued for dispatch".into(),
         CallStatus::Dispatched => "running".into(),

@@ -303,17 +303,14 @@ fn submit_error(e: Error) -> OxpError {
 
 /// Milliseconds from acceptance to the last change (to now while waiting).
 fn duration_ms(call: &CallRecord) -> u64 {
-    let parse = |t: &str| humantime::parse_rfc3339(t).ok();
-    let start = parse(&call.created_at);
+    let start = call.created_at.to_system_time();
     let end = if waiting(call.status) {
-        Some(SystemTime::now())
+        SystemTime::now()
     } else {
-        parse(&call.updated_at)
+        call.updated_at.to_system_time()
     };
-    match (start, end) {
-        (Some(s), Some(e)) => e.duration_since(s).map_or(0, |d| d.as_millis() as u64),
-        _ => 0,
-    }
+    end.duration_since(start)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A path segment of the native API: OXP threads are named after their

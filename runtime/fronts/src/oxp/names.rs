@@ -307,7 +307,7 @@ mod tests {
             url: String::new(),
             endpoint: String::new(),
             description: None,
-            registered_at: String::new(),
+            registered_at: ferry_proto::time::Timestamp::UNIX_EPOCH,
             policy: Default::default(),
             tools: vec![crate::engine::ToolView {
                 name: tool.into(),
