@@ -96,6 +96,28 @@ mod tests {
         ));
     }
 
+    /// Times are kept as the RFC 3339 strings stored values have always
+    /// held: a record reads back values written as plain strings, and
+    /// writes them again the same.
+    #[test]
+    fn times_are_stored_as_strings() {
+        let mut record = call("a");
+        record.approval_deadline = Some("2099-01-01T00:00:00Z".parse().unwrap());
+        let stored: serde_json::Value = decode(&encode(&record)).unwrap();
+        assert_eq!(stored["created_at"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(stored["approval_deadline"], "2099-01-01T00:00:00Z");
+        let mut written = stored;
+        written["created_at"] = "2026-11-29T00:00:00.123Z".into();
+        written["updated_at"] = "2026-11-29T00:00:01Z".into();
+        let read: CallRecord = decode(&encode(&written)).unwrap();
+        assert_eq!(read.created_at.as_millis(), 1_795_910_400_123);
+        assert_eq!(read.updated_at.as_millis(), 1_795_910_401_000);
+        let again: serde_json::Value = decode(&encode(&read)).unwrap();
+        assert_eq!(again["created_at"], "2026-11-29T00:00:00.123Z");
+        assert_eq!(again["updated_at"], "2026-11-29T00:00:01.000Z");
+        assert_eq!(again["approval_deadline"], "2099-01-01T00:00:00Z");
+    }
+
     #[test]
     fn large_values_are_compressed_small_ones_are_not() {
         let small = 7u64;
