@@ -172,6 +172,10 @@ pub enum EventKind {
         user_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         thread_ancestors: Option<Vec<String>>,
+        /// The identity that submitted the call: the name of the
+        /// credential Ferry authenticated, where `user_id` is only claimed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<String>,
         /// Where the call goes; absent for built-in tools.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target: Option<ToolTarget>,

@@ -11,7 +11,7 @@ The Rust tests in tests/tests/oxp.rs run it against a real ferry.
 
 Auth options: --bearer TOKEN, or --jwt-secret S [--jwt-exp-in SECONDS]
 [--jwt-fractional]
-[--jwt-nbf-in SECONDS]
+[--jwt-nbf-in SECONDS] [--jwt-sub SUB]
 [--jwt-aud AUD] to mint an HS256 token with PyJWT, and --api-key KEY for
 the OXP-API-Key header.
 """
@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("--jwt-exp-in", type=int, default=300)
     p.add_argument("--jwt-aud")
     p.add_argument("--jwt-nbf-in", type=int)
+    p.add_argument("--jwt-sub", default="ferry-tests")
     # RFC 7519's NumericDate may be fractional: send exp with a fraction.
     p.add_argument("--jwt-fractional", action="store_true")
     p.add_argument("--api-key")
@@ -48,7 +49,7 @@ def main() -> None:
     bearer = a.bearer
     if a.jwt_secret:
         exp = int(time.time()) + a.jwt_exp_in
-        claims = {"sub": "ferry-tests", "exp": exp + 0.5 if a.jwt_fractional else exp}
+        claims = {"sub": a.jwt_sub, "exp": exp + 0.5 if a.jwt_fractional else exp}
         if a.jwt_aud:
             claims["aud"] = a.jwt_aud
         if a.jwt_nbf_in is not None:

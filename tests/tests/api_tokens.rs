@@ -113,6 +113,8 @@ async fn with_a_token_calls_work_and_tools_call_back_without_one() {
     // The tool knows nothing of the API's tokens: its callback URL is its
     // credential.
     let sent = tool.next_invocation().await.invocation;
+    // The tool is told who submitted the call, as Ferry authenticated it.
+    assert_eq!(sent.identity.as_deref(), Some("api-token"));
     let anonymous = ferry.api();
     let result = json!({"type": "tool_result", "group_id": "g", "id": "c", "text": "done"});
     let (status, body) = anonymous.post(&sent.callback_url, &result).await;

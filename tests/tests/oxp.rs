@@ -586,3 +586,103 @@ async fn names_oxp_cannot_write_are_mapped_and_never_merged() {
     assert_eq!(plain.next_invocation().await.invocation.operation, "run_it");
     assert!(dashed.invocations().len() == 1 && plain.invocations().len() == 1);
 }
+
+/// A thread's grants were given to the identity that created it. The OXP
+/// thread of user `ops` was created by an operator, who granted
+/// `allow_always` there: a holder of only the OXP API key who claims to be
+/// `ops` (`context.user_id`) may not run its gated call, and a JWT's
+/// holder calls for its `sub` only, whatever the body claims. Each
+/// refusal records nothing.
+#[tokio::test]
+async fn an_oxp_caller_cannot_borrow_another_users_grant() {
+    const OPERATOR_TOKEN: &str = "operator-token-0123456789";
+    let ferry = Ferry::start(
+        demo_with(&[
+            "--oxp-api-key",
+            "key-123",
+            "--oxp-jwt-secret",
+            JWT_SECRET,
+            "--oxp-wait-secs",
+            "1",
+        ])
+        .api_token(OPERATOR_TOKEN),
+    )
+    .await;
+    let operator = ferry_tests::Api::with_token(&ferry.url, OPERATOR_TOKEN);
+    let (status, body) = operator
+        .submit(
+            json!({"operation": "drop_table", "arguments": {"table": "logs"},
+                       "group_id": "oxp-user-ops", "id": "first"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = operator
+        .post(
+            "/v1/approvals/oxp-user-ops/first",
+            &json!({"optionId": "allow_always", "reviewer": "ana"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Settled, so that nothing more is recorded there of itself.
+    operator
+        .wait_for("oxp-user-ops", "first", "tool_result")
+        .await;
+    let before = operator.events("oxp-user-ops", 0).await.len();
+
+    let input = json!({"table": "users"});
+    let key = [
+        "--api-key",
+        "key-123",
+        "--call-id",
+        "borrowed",
+        "--user-id",
+        "ops",
+    ];
+    let refused = call(&ferry, "demo.drop_table", input.clone(), &key).await;
+    let body = server_error(&refused, 400);
+    assert!(
+        body["developer_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("belongs to another identity")),
+        "{refused}"
+    );
+    let claims_another = [
+        "--jwt-secret",
+        JWT_SECRET,
+        "--jwt-sub",
+        "ana",
+        "--user-id",
+        "ops",
+        "--call-id",
+        "claimed",
+    ];
+    let refused = call(&ferry, "demo.drop_table", input.clone(), &claims_another).await;
+    let body = server_error(&refused, 400);
+    assert!(
+        body["developer_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not the user this token was issued to")),
+        "{refused}"
+    );
+    assert_eq!(operator.events("oxp-user-ops", 0).await.len(), before);
+
+    // The JWT's holder calls in its own user's thread, where nothing is
+    // granted: the call waits for a reviewer.
+    let own = [
+        "--jwt-secret",
+        JWT_SECRET,
+        "--jwt-sub",
+        "ana",
+        "--call-id",
+        "own",
+    ];
+    let waiting = call(&ferry, "demo.drop_table", input, &own).await;
+    assert_eq!(waiting["response"]["result"]["success"], false, "{waiting}");
+    let (_, view) = operator.call("oxp-user-ana", "own").await;
+    assert_eq!(view["status"], "pending_approval", "{view}");
+    let accepted = operator
+        .wait_for("oxp-user-ana", "own", "call_accepted")
+        .await;
+    assert_eq!(accepted["payload"]["identity"], "oxp:ana", "{accepted}");
+    assert_eq!(accepted["payload"]["user_id"], "ana", "{accepted}");
+}

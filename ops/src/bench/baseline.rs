@@ -91,6 +91,8 @@ impl Baseline {
             group_id: format!("baseline-{caller}"),
             thread_ancestors: None,
             user_id: None,
+            // As Ferry sends it, so both carry the same bytes.
+            identity: Some("anonymous".into()),
         };
         let outcome = async {
             let r = self.http.post(&self.endpoint).json(&inv).send().await?;

@@ -19,4 +19,9 @@ pub struct Invocation {
     pub thread_ancestors: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
+    /// Ferry's addition to rap-1: the identity that submitted the call,
+    /// which Ferry authenticated, where `user_id` is only what the caller
+    /// claims. Omitted for calls recorded before identities were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }

@@ -5,6 +5,7 @@
 //! engine passes in the time and writes what is decided.
 
 pub mod digest;
+pub mod identity;
 pub mod thread;
 pub mod token;
 pub mod toolsets;

@@ -33,6 +33,7 @@ pub fn engine_with<S: Store + ToolsetStore>(store: Arc<S>, bus: LocalBus) -> Eng
 pub fn call(id: &str, text: &str) -> NewCall {
     NewCall {
         id: id.into(),
+        identity: crate::identity::Identity::ANONYMOUS.into(),
         submission: Submission {
             operation: "echo".into(),
             arguments: serde_json::json!({ "text": text }),

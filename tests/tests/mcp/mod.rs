@@ -94,6 +94,8 @@ struct Raw {
     url: String,
     http: reqwest::Client,
     session: Option<String>,
+    /// Sent as `Authorization: Bearer …` with every request.
+    bearer: Option<String>,
 }
 
 struct Answer {
@@ -108,6 +110,14 @@ impl Raw {
             url: format!("{}/mcp", ferry.url),
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             session: None,
+            bearer: None,
+        }
+    }
+
+    fn with_bearer(ferry: &Ferry, token: &str) -> Self {
+        Self {
+            bearer: Some(token.to_owned()),
+            ..Self::new(ferry)
         }
     }
 
@@ -122,6 +132,9 @@ impl Raw {
         }
         if let Some(s) = &self.session {
             request = request.header("mcp-session-id", s);
+        }
+        if let Some(token) = &self.bearer {
+            request = request.bearer_auth(token);
         }
         for (k, v) in headers {
             request = request.header(*k, *v);

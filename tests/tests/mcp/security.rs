@@ -122,3 +122,141 @@ async fn the_public_urls_host_and_origin_are_accepted() {
         assert_eq!(foreign.status, 403, "{origin}: {}", foreign.body);
     }
 }
+
+const OPERATOR_TOKEN: &str = "operator-token-0123456789";
+const AGENT_TOKEN: &str = "mcp-agent-token-0123456789";
+
+/// A `tools/call` of the demo's gated `drop_table` with `meta` (2026-07-28
+/// envelope), as the agent holding only the MCP bearer token.
+async fn agent_drops(agent: &Raw, meta: Value) -> Value {
+    let params = json!({"name": "drop_table", "arguments": {"table": "users"}, "_meta": meta});
+    let answer = agent
+        .stateless("tools/call", params, Some("drop_table"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// The agent's `drop_table` as call `id` in its thread `g`, which must
+/// wait for a reviewer: the operator finds it pending and rejects it,
+/// which answers the agent.
+async fn waits_for_a_reviewer(agent: &Raw, operator: &Api, g: &str, id: &str) {
+    let call = agent_drops(agent, json!({"io.ferry/group_id": g, "io.ferry/id": id}));
+    let review = async {
+        ferry_tests::eventually(
+            "the call to wait for a reviewer",
+            Duration::from_secs(10),
+            || async {
+                let (_, call) = operator.call(g, id).await;
+                (call["status"] == "pending_approval").then_some(())
+            },
+        )
+        .await;
+        let path = format!("/v1/approvals/{}/{}", seg(g), seg(id));
+        let (status, body) = operator
+            .post(
+                &path,
+                &json!({"optionId": "reject_once", "reviewer": "ana"}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    };
+    let (answer, ()) = tokio::join!(call, review);
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+}
+
+/// A thread's grants were given to the identity that created it: an agent
+/// holding only `--mcp-bearer-token` can neither run a gated call in an
+/// operator's thread that holds `allow_always`, nor name that thread among
+/// its `thread_ancestors` to inherit the grant. Each refusal leaves no
+/// trace. (docs/api.md, "Identities".)
+#[tokio::test]
+async fn an_agent_cannot_borrow_another_identitys_grant() {
+    let mut options = FerryOptions {
+        demo: true,
+        ..FerryOptions::default()
+    }
+    .api_token(OPERATOR_TOKEN);
+    options
+        .args
+        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
+    let ferry = Ferry::start(options).await;
+    let operator = Api::with_token(&ferry.url, OPERATOR_TOKEN);
+    // The operator's thread `ops` holds a standing grant for drop_table.
+    let (status, body) = operator
+        .submit(
+            json!({"operation": "drop_table", "arguments": {"table": "logs"},
+                       "group_id": "ops", "id": "first"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (202, Some("pending_approval")),
+        "{body}"
+    );
+    let (status, body) = operator
+        .post(
+            "/v1/approvals/ops/first",
+            &json!({"optionId": "allow_always", "reviewer": "ana"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, ops) = operator.thread("ops").await;
+    assert_eq!(ops["grants"]["demo.drop_table"], "allow_always", "{ops}");
+    // Settled, so that nothing more is recorded there of itself.
+    operator.wait_for("ops", "first", "tool_result").await;
+    let ops_events = operator.events("ops", 0).await.len();
+
+    let agent = Raw::with_bearer(&ferry, AGENT_TOKEN);
+    for meta in [
+        json!({"io.ferry/group_id": "ops", "io.ferry/id": "borrowed"}),
+        json!({"io.ferry/group_id": "agent-child", "io.ferry/thread_ancestors": ["ops"]}),
+        json!({"io.ferry/group_id": "agent-child", "io.ferry/thread_ancestors": ["mine", "ops"]}),
+    ] {
+        let refused = agent_drops(&agent, meta.clone()).await;
+        let result = &refused["result"];
+        assert_eq!(result["isError"], true, "{meta}: {refused}");
+        assert!(
+            text_of(result).contains("belongs to another identity"),
+            "{meta}: {refused}"
+        );
+    }
+    assert_eq!(operator.events("ops", 0).await.len(), ops_events);
+    assert_eq!(operator.thread("agent-child").await.0, 404);
+
+    // In a thread of its own the same call waits for a reviewer.
+    waits_for_a_reviewer(&agent, &operator, "agent-own", "d").await;
+    let accepted = operator.wait_for("agent-own", "d", "call_accepted").await;
+    assert_eq!(accepted["payload"]["identity"], "mcp", "{accepted}");
+
+    // An ancestor named before it existed lends nothing once another
+    // identity creates it and grants there.
+    let named_early = json!({"name": "echo", "arguments": {"text": "hi"},
+        "_meta": {"io.ferry/group_id": "agent-early", "io.ferry/thread_ancestors": ["later"]}});
+    let answer = agent
+        .stateless("tools/call", named_early, Some("echo"))
+        .await;
+    assert_eq!(answer.body["result"]["isError"], false, "{}", answer.body);
+    let (status, _) = operator
+        .submit(
+            json!({"operation": "drop_table", "arguments": {"table": "t"},
+                       "group_id": "later", "id": "g"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let (status, _) = operator
+        .post(
+            "/v1/approvals/later/g",
+            &json!({"optionId": "allow_always", "reviewer": "ana"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    waits_for_a_reviewer(&agent, &operator, "agent-early", "late").await;
+
+    // An operator may act in any thread, the agent's too.
+    let (status, body) = operator
+        .submit(json!({"operation": "echo", "arguments": {"text": "x"},
+                       "group_id": "agent-own", "id": "op"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+}

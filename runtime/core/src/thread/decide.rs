@@ -273,6 +273,11 @@ pub enum Rejection {
         "Idempotency-Key {key:?} was already used for call {id:?} with a different body; a new callback needs a new key"
     )]
     KeyReused { id: String, key: String },
+    /// The asker may not act in this thread (`Identity::may_act_in`).
+    #[error(
+        "thread {0:?} belongs to another identity: this credential may act only in its own threads"
+    )]
+    ForeignThread(String),
 }
 
 impl Rejection {
@@ -294,6 +299,7 @@ impl Rejection {
             Rejection::TooManyViews(_) => C::TooManyViews,
             Rejection::ViewsTooLarge { .. } => C::ViewsTooLarge,
             Rejection::KeyReused { .. } => C::IdempotencyKeyReused,
+            Rejection::ForeignThread(_) => C::Forbidden,
         }
     }
 }
@@ -581,6 +587,7 @@ fn accepted(call: &NewCall) -> Change {
             call_id: call.submission.call_id.clone(),
             user_id: call.submission.user_id.clone(),
             thread_ancestors: call.submission.thread_ancestors.clone(),
+            identity: Some(call.identity.clone()),
             target: call.target.clone(),
         },
     )

@@ -31,8 +31,9 @@ pub fn apply(state: &mut ThreadState, at: Timestamp, changes: Vec<Change>) -> Ve
 /// Folds one event into `state`. The calls an event names must be loaded.
 pub fn evolve(state: &mut ThreadState, event: &Event) {
     let meta = &mut state.meta;
+    let first = meta.last_seq == 0;
     // The thread's first event dates it.
-    if meta.last_seq == 0 {
+    if first {
         meta.created_at = event.at;
     }
     meta.last_seq = event.seq;
@@ -54,10 +55,15 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
             call_id,
             user_id,
             thread_ancestors,
+            identity,
             target,
         } => {
             if meta.ancestors.is_none() {
                 meta.ancestors = thread_ancestors.clone();
+            }
+            // The call that creates the thread makes it its identity's.
+            if first {
+                meta.owner = identity.clone();
             }
             *meta.counts.entry(CallStatus::Queued).or_default() += 1;
             let submission = Submission {
@@ -67,7 +73,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 user_id: user_id.clone(),
                 thread_ancestors: thread_ancestors.clone(),
             };
-            let record = CallRecord::queued(
+            let mut record = CallRecord::queued(
                 id,
                 submission,
                 tool.clone(),
@@ -75,6 +81,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 event.seq,
                 event.at,
             );
+            record.identity = identity.clone();
             meta.unsettled.insert(id.to_owned());
             state.calls.insert(id.to_owned(), record);
         }

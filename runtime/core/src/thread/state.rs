@@ -17,6 +17,10 @@ pub struct ThreadMeta {
     /// Ancestors, root first, as the first call in the thread named them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ancestors: Option<Vec<String>>,
+    /// The identity whose call created the thread: only it, and identities
+    /// that may act everywhere, may act here (`Identity::may_act_in`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// The sequence number of the thread's last event; 0 for a new thread.
     pub last_seq: u64,
     pub closed: bool,
@@ -47,6 +51,10 @@ pub struct ThreadMeta {
 pub struct CallRecord {
     pub id: String,
     pub submission: Submission,
+    /// The identity that submitted the call (beside the `user_id` it
+    /// claims); none for calls recorded before identities were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
     /// Fully qualified tool name: `Toolset.tool@version` (or the built-in's
     /// name).
     pub tool: String,
@@ -101,6 +109,7 @@ impl CallRecord {
         Self {
             id: id.to_owned(),
             submission,
+            identity: None,
             tool,
             target,
             status: CallStatus::Queued,
@@ -202,6 +211,8 @@ pub struct Submission {
 pub struct NewCall {
     pub id: String,
     pub submission: Submission,
+    /// Who submits it.
+    pub identity: String,
     pub tool: String,
     pub target: Option<ToolTarget>,
     /// Set when the tool is gated behind approval.

@@ -110,6 +110,7 @@ mod tests {
                 group_id: group.into(),
                 thread_ancestors: None,
                 user_id: None,
+                identity: None,
             },
         }
     }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::{Engine, Error};
+use crate::identity::Identity;
 use crate::thread::{grant_key, CallRecord, Command, Gate, Rejection, Reviewer};
 
 /// Longest reason a reviewer may give, in bytes; it is stored with the call
@@ -54,6 +55,7 @@ impl Engine {
     /// naming other ancestors must not borrow their grants.
     pub(crate) async fn gate(
         &self,
+        by: &Identity,
         tool: &str,
         timeout_secs: u64,
         group_id: &str,
@@ -68,10 +70,13 @@ impl Engine {
         let mut inherited = None;
         // Root first on the wire: the parent is last, and nearest wins.
         for ancestor in ancestors.unwrap_or_default().iter().rev() {
+            // Only an ancestor `by` may act in lends its grants: one created
+            // by another identity after this thread named it lends none.
             let grant = self
                 .store
                 .thread(ancestor)
                 .await?
+                .filter(|meta| by.may_act_in(meta))
                 .and_then(|meta| meta.grants.get(grant_key(tool)).copied());
             if let Some(kind) = grant {
                 inherited = Some((kind, ancestor.clone()));
@@ -88,6 +93,7 @@ impl Engine {
     /// A reviewer decides a pending approval. Allowed calls are dispatched.
     pub async fn decide_approval(
         &self,
+        by: &Identity,
         group_id: &str,
         id: &str,
         option_id: &str,
@@ -102,11 +108,13 @@ impl Engine {
         if let Some(why) = refuse_decision(&reviewer, reason.as_deref()) {
             return Err(Error::InvalidRequest(why));
         }
-        self.decide(group_id, id, option, reviewer, reason).await
+        self.decide(by, group_id, id, option, reviewer, reason)
+            .await
     }
 
     async fn decide(
         &self,
+        by: &Identity,
         group_id: &str,
         id: &str,
         option: PermissionKind,
@@ -120,7 +128,7 @@ impl Engine {
             reviewer,
             reason,
         };
-        let executed = match self.execute_in_turn(group_id, command).await {
+        let executed = match self.execute_in_turn(by, group_id, command).await {
             Err(Error::Rejected(Rejection::NotPendingApproval {
                 status: CallStatus::Queued,
                 ..
@@ -163,8 +171,13 @@ impl Engine {
     }
 
     /// Revokes a thread's standing grant for `tool` (`Toolset.tool`).
-    pub async fn revoke_grant(&self, group_id: &str, tool: &str) -> Result<(), Error> {
-        self.execute(group_id, Command::Revoke { tool: tool.into() })
+    pub async fn revoke_grant(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        tool: &str,
+    ) -> Result<(), Error> {
+        self.execute_as(by, group_id, Command::Revoke { tool: tool.into() })
             .await?;
         info!(group_id, tool, "grant revoked");
         Ok(())
@@ -243,7 +256,14 @@ impl Engine {
                         .expect("armed lock")
                         .remove(&(g.clone(), id.clone()));
                     match engine
-                        .decide(g, id, PermissionKind::RejectOnce, Reviewer::Timeout, None)
+                        .decide(
+                            &Identity::ferry(),
+                            g,
+                            id,
+                            PermissionKind::RejectOnce,
+                            Reviewer::Timeout,
+                            None,
+                        )
                         .await
                     {
                         Ok(_) => info!(group_id = ?g, call_id = ?id, "approval timed out"),

@@ -7,6 +7,7 @@ use ferry_proto::Invocation;
 use tracing::{info, instrument};
 
 use super::{Engine, Error, Executed};
+use crate::identity::{Identity, Reach};
 use crate::metrics;
 use crate::thread::{CallRecord, Command, NewCall, Outcome, Rejection, Submission};
 use crate::toolsets::{self, ResolveError, CANCEL_SUBSCRIPTION};
@@ -21,8 +22,12 @@ pub enum Submitted {
 impl Engine {
     /// Validates, records and enqueues a call. Answers once it is durable.
     #[instrument(skip_all, fields(group_id = ?req.group_id, call_id = req.id.as_deref()))]
-    pub async fn submit(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
-        let result = self.submit_inner(req.normalized()).await;
+    pub async fn submit(
+        &self,
+        by: &Identity,
+        req: SubmitCall,
+    ) -> Result<(Submitted, SubmitReply), Error> {
+        let result = self.submit_inner(by, req.normalized()).await;
         if let Err(e) = &result {
             ::metrics::counter!(metrics::CALLS_REJECTED, "code" => e.code().as_str()).increment(1);
         }
@@ -63,13 +68,19 @@ impl Engine {
         })
     }
 
-    async fn submit_inner(&self, req: SubmitCall) -> Result<(Submitted, SubmitReply), Error> {
+    async fn submit_inner(
+        &self,
+        by: &Identity,
+        req: SubmitCall,
+    ) -> Result<(Submitted, SubmitReply), Error> {
         let resolved = match self.check_submission(&req) {
             Err(refused) if refused.rests_on_toolsets() && req.id.is_some() => {
-                return self.resubmit(req, refused).await;
+                return self.resubmit(by, req, refused).await;
             }
             checked => checked?,
         };
+        self.check_ancestors(by, req.thread_ancestors.as_deref())
+            .await?;
         let id = req.id.clone().unwrap_or_else(fresh_id);
         if req.id.is_none() {
             // The span names the call from here on, with the id Ferry chose.
@@ -80,6 +91,7 @@ impl Engine {
             let gate = match resolved.approval_timeout {
                 Some(secs) => Some(
                     self.gate(
+                        by,
                         &resolved.qualified,
                         secs,
                         &req.group_id,
@@ -89,7 +101,8 @@ impl Engine {
                 ),
                 None => None,
             };
-            let mut call = new_call(req, id.clone(), resolved.qualified, Some(resolved.target));
+            let target = Some(resolved.target);
+            let mut call = new_call(by, req, id.clone(), resolved.qualified, target);
             call.gate = gate;
             (Command::Submit(call), None)
         } else {
@@ -97,7 +110,7 @@ impl Engine {
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            let call = new_call(req, id.clone(), CANCEL_SUBSCRIPTION.into(), None);
+            let call = new_call(by, req, id.clone(), CANCEL_SUBSCRIPTION.into(), None);
             (
                 Command::CancelSubscriptionTool {
                     call,
@@ -111,7 +124,7 @@ impl Engine {
             state,
             turn,
             ..
-        } = self.execute_in_turn(&group_id, command).await?;
+        } = self.execute_in_turn(by, &group_id, command).await?;
         if let Some(turn) = &turn {
             // Calls of one thread accepted at once go out in seq order.
             turn.come().await;
@@ -163,16 +176,17 @@ impl Engine {
     /// retry (invariant 2), 409 if the body differs. Otherwise `refused`.
     async fn resubmit(
         &self,
+        by: &Identity,
         req: SubmitCall,
         refused: Error,
     ) -> Result<(Submitted, SubmitReply), Error> {
         let (group_id, id) = (req.group_id.clone(), req.id.clone().unwrap_or_default());
-        let submission = new_call(req, id.clone(), String::new(), None).submission;
+        let submission = new_call(by, req, id.clone(), String::new(), None).submission;
         let command = Command::Resubmit {
             id: id.clone(),
             submission,
         };
-        let executed = match self.execute(&group_id, command).await {
+        let executed = match self.execute_as(by, &group_id, command).await {
             Err(Error::Rejected(Rejection::UnknownCall(_))) => return Err(refused),
             executed => executed?,
         };
@@ -184,6 +198,28 @@ impl Engine {
             self.enqueue(&group_id, call, ancestors).await?;
         }
         Ok((Submitted::Existing, reply(&group_id, call)))
+    }
+
+    /// Refuses `ancestors` naming a thread `by` may not act in, whose
+    /// grants it would otherwise borrow. One that does not exist yet is
+    /// not refused; [`Engine::gate`] skips it if another identity creates
+    /// it later.
+    async fn check_ancestors(
+        &self,
+        by: &Identity,
+        ancestors: Option<&[String]>,
+    ) -> Result<(), Error> {
+        if by.reach() == Reach::Everywhere {
+            return Ok(());
+        }
+        for ancestor in ancestors.unwrap_or_default() {
+            if let Some(meta) = self.store.thread(ancestor).await? {
+                if !by.may_act_in(&meta) {
+                    return Err(Rejection::ForeignThread(ancestor.clone()).into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The ancestors thread `group_id` recorded, for an [`Engine::enqueue`]
@@ -231,6 +267,7 @@ impl Engine {
                 .map(<[String]>::to_vec)
                 .or_else(|| call.submission.thread_ancestors.clone()),
             user_id: call.submission.user_id.clone(),
+            identity: call.identity.clone(),
         };
         Some(Work::Dispatch {
             endpoint: target.endpoint.clone(),
@@ -240,9 +277,14 @@ impl Engine {
 
     /// Cancels a pending call, or the subscription it opened.
     #[instrument(skip(self))]
-    pub async fn cancel_call(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
+    pub async fn cancel_call(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        id: &str,
+    ) -> Result<CallRecord, Error> {
         let executed = self
-            .execute(group_id, Command::Cancel { id: id.into() })
+            .execute_as(by, group_id, Command::Cancel { id: id.into() })
             .await?;
         let call = executed.state.calls[id].clone();
         if call.status == CallStatus::Cancelled {
@@ -254,22 +296,38 @@ impl Engine {
     /// Cancels a call still waiting for approval (a client cancelled its
     /// permission prompt). One decided meanwhile is refused (409), in the
     /// same decision, so a racing approval and cancel yield one outcome.
-    pub async fn withdraw(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        self.end(group_id, id, Command::Withdraw { id: id.into() })
+    pub async fn withdraw(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        id: &str,
+    ) -> Result<CallRecord, Error> {
+        self.end(by, group_id, id, Command::Withdraw { id: id.into() })
             .await
     }
 
     /// Cancels an active subscription of this thread.
     #[instrument(skip(self))]
-    pub async fn cancel_subscription(&self, group_id: &str, id: &str) -> Result<CallRecord, Error> {
-        self.end(group_id, id, Command::CancelSubscription { id: id.into() })
-            .await
+    pub async fn cancel_subscription(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        id: &str,
+    ) -> Result<CallRecord, Error> {
+        let command = Command::CancelSubscription { id: id.into() };
+        self.end(by, group_id, id, command).await
     }
 
     /// Runs `command`, which cancels call `id` or refuses, and ends what
     /// the call still had here.
-    async fn end(&self, group_id: &str, id: &str, command: Command) -> Result<CallRecord, Error> {
-        let executed = self.execute(group_id, command).await?;
+    async fn end(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        id: &str,
+        command: Command,
+    ) -> Result<CallRecord, Error> {
+        let executed = self.execute_as(by, group_id, command).await?;
         self.call_cancelled(group_id, id);
         Ok(executed.state.calls[id].clone())
     }
@@ -288,21 +346,21 @@ impl Engine {
     /// is told, as for any cancel), later calls are refused, and tool
     /// servers are told the thread is closed.
     #[instrument(skip(self))]
-    pub async fn close_thread(&self, group_id: &str) -> Result<u64, Error> {
+    pub async fn close_thread(&self, by: &Identity, group_id: &str) -> Result<u64, Error> {
         self.check_id("group_id", group_id)?;
-        let executed = match self.execute(group_id, Command::Close).await {
+        let executed = match self.execute_as(by, group_id, Command::Close).await {
             // One commit carrying every open call is more than the store
             // takes (NATS's `max_payload`, in a cluster): end them one
             // commit each, then close what is left.
             Err(Error::Store(crate::store::Error::TooLarge(_))) => {
                 let open = self.store.load(group_id, &[]).await?.meta.unsettled;
                 for id in open {
-                    match self.cancel_call(group_id, &id).await {
+                    match self.cancel_call(by, group_id, &id).await {
                         Ok(_) | Err(Error::Rejected(_)) => {}
                         Err(e) => return Err(e),
                     }
                 }
-                self.execute(group_id, Command::Close).await?
+                self.execute_as(by, group_id, Command::Close).await?
             }
             executed => executed?,
         };
@@ -328,6 +386,7 @@ pub fn fresh_id() -> String {
 }
 
 fn new_call(
+    by: &Identity,
     req: SubmitCall,
     id: String,
     tool: String,
@@ -335,6 +394,7 @@ fn new_call(
 ) -> NewCall {
     NewCall {
         id,
+        identity: by.name().to_owned(),
         submission: Submission {
             operation: req.operation,
             arguments: req.arguments,

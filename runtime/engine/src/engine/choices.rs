@@ -9,6 +9,7 @@ use ferry_dispatch::ChoiceDelivery;
 use tracing::{info, warn};
 
 use super::{Engine, Error};
+use crate::identity::Identity;
 use crate::thread::{Answer, CallRecord, ChoiceAnswer, Command};
 
 /// The first pause between deliveries of one answer; it doubles up to
@@ -20,12 +21,14 @@ impl Engine {
     /// Records the user's answer and starts delivering it to the tool.
     pub async fn answer_choice(
         self: &Arc<Self>,
+        by: &Identity,
         group_id: &str,
         id: &str,
         answer: Answer,
     ) -> Result<CallRecord, Error> {
         let executed = self
-            .execute(
+            .execute_as(
+                by,
                 group_id,
                 Command::Choose {
                     id: id.into(),

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::bus::{self, Bus};
+use crate::identity::Identity;
 use crate::store::{self, Durability, Store, ToolsetStore, Write};
 use crate::thread::{self, Command, Decision, Rejection, ThreadState};
 use crate::token::Capabilities;
@@ -281,19 +282,33 @@ impl Engine {
     /// Runs `command` against thread `group_id` and returns once its events
     /// are durable and visible to readers.
     pub async fn execute(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Await, false)
+        self.execute_with(group_id, command, None, Durability::Await, false)
             .await
     }
 
-    /// Like [`Engine::execute`], for a command that may hand a call to the
-    /// bus: it takes a turn in its thread's line ([`turns`]), which the
-    /// caller waits for before publishing.
-    pub(crate) async fn execute_in_turn(
+    /// Like [`Engine::execute`], for a command `by` asks: refused
+    /// ([`Rejection::ForeignThread`]) unless it may act in the thread, as
+    /// decided on the same state as the command itself.
+    pub(crate) async fn execute_as(
         &self,
+        by: &Identity,
         group_id: &str,
         command: Command,
     ) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Await, true)
+        self.execute_with(group_id, command, Some(by), Durability::Await, false)
+            .await
+    }
+
+    /// Like [`Engine::execute_as`], for a command that may hand a call to
+    /// the bus: it takes a turn in its thread's line ([`turns`]), which the
+    /// caller waits for before publishing.
+    pub(crate) async fn execute_in_turn(
+        &self,
+        by: &Identity,
+        group_id: &str,
+        command: Command,
+    ) -> Result<Executed, Error> {
+        self.execute_with(group_id, command, Some(by), Durability::Await, true)
             .await
     }
 
@@ -303,7 +318,7 @@ impl Engine {
     /// them, which must be harmless (a lost `call_dispatched` means the
     /// call is dispatched again: invariant 4 allows it).
     pub async fn record(&self, group_id: &str, command: Command) -> Result<Executed, Error> {
-        self.execute_with(group_id, command, Durability::Background, false)
+        self.execute_with(group_id, command, None, Durability::Background, false)
             .await
     }
 
@@ -311,10 +326,11 @@ impl Engine {
         &self,
         group_id: &str,
         command: Command,
+        by: Option<&Identity>,
         durability: Durability,
         in_turn: bool,
     ) -> Result<Executed, Error> {
-        self.run(group_id, Some(&command), durability, in_turn)
+        self.run(group_id, Some((&command, by)), durability, in_turn)
             .await
     }
 
@@ -342,11 +358,12 @@ impl Engine {
     }
 
     /// Runs `command` (none: only the acknowledgements) after the thread's
-    /// waiting acknowledgements, in one write.
+    /// waiting acknowledgements, in one write; asked by an identity, when
+    /// one is named, which must be allowed in the thread.
     async fn run(
         &self,
         group_id: &str,
-        command: Option<&Command>,
+        asked: Option<(&Command, Option<&Identity>)>,
         durability: Durability,
         in_turn: bool,
     ) -> Result<Executed, Error> {
@@ -354,6 +371,7 @@ impl Engine {
         // The first attempt decides on the store's last known commit of
         // the thread; a decision that writes nothing is then made again
         // on the tip (the compare-and-set guards only writes).
+        let command = asked.map(|(command, _)| command);
         let mut optimistic = true;
         for _ in 0..MAX_CONFLICT_RETRIES {
             let guard = self.lock_for(group_id).lock().await;
@@ -378,8 +396,11 @@ impl Engine {
             } else {
                 at
             };
-            let decided = match command {
-                Some(command) => thread::decide(&state, command),
+            let decided = match asked {
+                Some((_, Some(by))) if !by.may_act_in(&state.meta) => {
+                    Err(Rejection::ForeignThread(group_id.to_owned()))
+                }
+                Some((command, _)) => thread::decide(&state, command),
                 None => Ok(Decision::nothing(thread::Outcome::Applied)),
             };
             if let Ok(decision) = &decided {
@@ -595,6 +616,7 @@ pub(crate) mod tests {
         // Allowed and stored, but the work reaches no worker.
         let lost = engine
             .decide_approval(
+                &Identity::anonymous(),
                 "g",
                 "c1",
                 "allow_once",
@@ -610,6 +632,7 @@ pub(crate) mod tests {
         }));
         let again = engine
             .decide_approval(
+                &Identity::anonymous(),
                 "g",
                 "c1",
                 "allow_once",
@@ -641,7 +664,10 @@ pub(crate) mod tests {
         let engine = engine(Arc::new(SledStore::open(dir.path()).unwrap()));
         for _ in 0..20 {
             let earliest = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
-            let gate = engine.gate("demo.echo@1.0.0", 1, "g", None).await.unwrap();
+            let gate = engine
+                .gate(&Identity::anonymous(), "demo.echo@1.0.0", 1, "g", None)
+                .await
+                .unwrap();
             let deadline = gate.deadline.to_system_time();
             assert!(deadline >= earliest, "{} is early", gate.deadline);
             tokio::time::sleep(std::time::Duration::from_millis(37)).await;

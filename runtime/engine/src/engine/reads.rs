@@ -5,6 +5,7 @@ use std::time::Duration;
 use ferry_proto::api::Event;
 
 use super::{Engine, Error};
+use crate::identity::{Identity, Reach};
 use crate::thread::{CallRecord, ThreadMeta};
 
 impl Engine {
@@ -26,6 +27,16 @@ impl Engine {
         self.durable_read(group_id, call)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no call {id:?} in thread {group_id:?}")))
+    }
+
+    /// Whether `by` may read and act in thread `group_id`: one that does not
+    /// exist yet has nothing to show, and would be `by`'s to create.
+    pub async fn may_act_in(&self, by: &Identity, group_id: &str) -> Result<bool, Error> {
+        if by.reach() == Reach::Everywhere {
+            return Ok(true);
+        }
+        let thread = self.store.thread(group_id).await?;
+        Ok(thread.is_none_or(|meta| by.may_act_in(&meta)))
     }
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {

@@ -7,6 +7,7 @@ use ferry_proto::api::{SubmitCall, SubmitReply};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
+use crate::identity::Identity;
 use crate::thread::{Answer, CallRecord, Outcome, Reviewer};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
@@ -104,8 +105,14 @@ impl Request {
 }
 
 impl Engine {
-    /// Runs one request to its end.
-    pub async fn perform(self: &Arc<Self>, request: Request) -> Result<Reply, Error> {
+    /// Runs one request of `by` to its end. A callback is authorized by its
+    /// token, whoever sends it; every other request acts in its thread
+    /// only if `by` may ([`Identity::may_act_in`]).
+    pub async fn perform(
+        self: &Arc<Self>,
+        by: &Identity,
+        request: Request,
+    ) -> Result<Reply, Error> {
         let call = |call: CallRecord| Reply::Call {
             call: Box::new(call),
         };
@@ -114,7 +121,7 @@ impl Engine {
         };
         Ok(match request {
             Request::Submit { call } => {
-                let (submitted, reply) = self.submit(call).await?;
+                let (submitted, reply) = self.submit(by, call).await?;
                 Reply::Submitted {
                     created: submitted == Submitted::Created,
                     reply,
@@ -131,13 +138,15 @@ impl Engine {
             Request::ResultRefused { token, limit } => {
                 answered(self.result_refused(&token, limit).await?)
             }
-            Request::CancelCall { group_id, id } => call(self.cancel_call(&group_id, &id).await?),
-            Request::Withdraw { group_id, id } => call(self.withdraw(&group_id, &id).await?),
+            Request::CancelCall { group_id, id } => {
+                call(self.cancel_call(by, &group_id, &id).await?)
+            }
+            Request::Withdraw { group_id, id } => call(self.withdraw(by, &group_id, &id).await?),
             Request::CancelSubscription { group_id, id } => {
-                call(self.cancel_subscription(&group_id, &id).await?)
+                call(self.cancel_subscription(by, &group_id, &id).await?)
             }
             Request::Close { group_id } => Reply::Closed {
-                last_seq: self.close_thread(&group_id).await?,
+                last_seq: self.close_thread(by, &group_id).await?,
             },
             Request::Choose {
                 group_id,
@@ -156,7 +165,7 @@ impl Engine {
                         ))
                     }
                 };
-                call(self.answer_choice(&group_id, &id, answer).await?)
+                call(self.answer_choice(by, &group_id, &id, answer).await?)
             }
             Request::Decide {
                 group_id,
@@ -165,11 +174,11 @@ impl Engine {
                 reviewer,
                 reason,
             } => call(
-                self.decide_approval(&group_id, &id, &option_id, reviewer, reason)
+                self.decide_approval(by, &group_id, &id, &option_id, reviewer, reason)
                     .await?,
             ),
             Request::RevokeGrant { group_id, tool } => {
-                self.revoke_grant(&group_id, &tool).await?;
+                self.revoke_grant(by, &group_id, &tool).await?;
                 Reply::Revoked
             }
         })

@@ -19,8 +19,10 @@ use ferry_proto::jsonrpc::{
     INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
 };
 
+use crate::http::auth::Caller;
 use crate::http::path::Path;
 use crate::http::AppState;
+use crate::identity::Identity;
 use crate::thread::Reviewer;
 
 /// A JSON-RPC error answer and its HTTP status.
@@ -53,16 +55,22 @@ fn rpc(status: StatusCode, id: &Value, code: i64, message: impl Into<String>) ->
 
 pub async fn respond(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path(group_id): Path<String>,
     req: Request,
 ) -> Response {
-    match handle(app, group_id, req).await {
+    match handle(app, by, group_id, req).await {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), RpcError> {
+async fn handle(
+    app: AppState,
+    by: Identity,
+    group_id: String,
+    req: Request,
+) -> Result<(), RpcError> {
     let null = Value::Null;
     let limit = app.engine.config().max_body_bytes;
     let bytes = crate::http::body::read_bytes(req, limit)
@@ -186,7 +194,9 @@ async fn handle(app: AppState, group_id: String, req: Request) -> Result<(), Rpc
             ))
         }
     };
-    app.perform(request).await.map_err(|e| api_error(&id, e))?;
+    app.perform(&by, request)
+        .await
+        .map_err(|e| api_error(&id, e))?;
     info!(group_id, call_id, outcome = %outcome, "ACP permission response taken");
     Ok(())
 }

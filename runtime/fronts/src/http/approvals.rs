@@ -4,6 +4,7 @@
 use ferry_proto::ErrorCode;
 use std::collections::HashMap;
 
+use super::auth::Caller;
 use super::path::Path;
 use axum::extract::{Query, State};
 use axum::Json;
@@ -79,6 +80,7 @@ fn anonymous() -> String {
 /// unknown call.
 pub async fn decide(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<axum::response::Response, ApiError> {
@@ -91,12 +93,13 @@ pub async fn decide(
         reviewer: Reviewer::Person(decision.reviewer),
         reason: decision.reason,
     };
-    super::calls::call_reply(&app, &group_id, request).await
+    super::calls::call_reply(&app, &by, &group_id, request).await
 }
 
 /// `DELETE /v1/threads/{group_id}/grants/{tool}`.
 pub async fn revoke(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path((group_id, tool)): Path<(String, String)>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
@@ -104,7 +107,7 @@ pub async fn revoke(
         group_id: group_id.clone(),
         tool: tool.clone(),
     };
-    match app.perform(request).await? {
+    match app.perform(&by, request).await? {
         Reply::Revoked => {
             Ok(Json(json!({"group_id": group_id, "tool": tool, "revoked": true})).into_response())
         }

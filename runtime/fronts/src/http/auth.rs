@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use super::ApiError;
 use crate::digest::{same, sha256};
-use axum::extract::{Request, State};
+use crate::identity::Identity;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -110,18 +112,49 @@ fn describe(token: &str) -> String {
     }
 }
 
-/// Refuses a request without one of the tokens (401, `unauthorized`).
-pub async fn require_token(
+/// The identity of whoever holds one of the `--api-token`s: an operator,
+/// who may act in every thread.
+pub const API_TOKEN_IDENTITY: &str = "api-token";
+
+/// Who asks, as [`authenticate`] found: what handlers act as.
+pub struct Caller(pub Identity);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match parts.extensions.get::<Identity>() {
+            Some(identity) => Ok(Caller(identity.clone())),
+            // A route outside `authenticate`'s layer: a bug, refused.
+            None => Err(ApiError::new(
+                ErrorCode::InternalError,
+                "this route is not authenticated",
+            )),
+        }
+    }
+}
+
+/// Finds who asks: with `--api-token`s, whoever sends one of them (the
+/// operator identity [`API_TOKEN_IDENTITY`]), any other request being
+/// refused (401, `unauthorized`); without, everyone, as
+/// [`Identity::anonymous`].
+pub async fn authenticate(
     State(tokens): State<ApiTokens>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    if !tokens.required() {
+        request.extensions_mut().insert(Identity::anonymous());
+        return next.run(request).await;
+    }
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(super::bearer_token);
     if given.is_some_and(|t| tokens.accepts(t)) {
+        let identity = Identity::operator(API_TOKEN_IDENTITY);
+        request.extensions_mut().insert(identity);
         return next.run(request).await;
     }
     // Counted, and logged at debug only: anyone can send these, and a

@@ -1,5 +1,6 @@
 //! `POST /v1/callbacks/{token}`: the five RAP callback types.
 
+use crate::identity::Identity;
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::Json;
@@ -73,7 +74,8 @@ pub async fn receive(
         body: body.to_vec(),
         idempotency_key: key,
     };
-    match app.perform.perform(request).await {
+    // A callback's token is its authority, whoever sends it.
+    match app.perform.perform(&Identity::anonymous(), request).await {
         Ok(Reply::Callback { outcome }) => Ok(Json(json!({"status": outcome})).into_response()),
         Ok(other) => Err(unexpected(other)),
         // A cluster node refuses what NATS could not carry.
@@ -124,7 +126,7 @@ async fn refuse_for_size(
         token: token.to_owned(),
         limit: limit.map(|n| n as u64),
     };
-    match app.perform(request).await {
+    match app.perform(&Identity::anonymous(), request).await {
         Ok(Reply::Callback { outcome }) if outcome == Outcome::Applied.name() => {
             refused.body.error.message += "; the call failed with an error result saying so";
         }

@@ -12,19 +12,22 @@ use ferry_proto::rap::{DisplaySegment, KnownSegment};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::auth::Caller;
 use super::body::JsonBody;
 use super::views::CallView;
 use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
+use crate::identity::Identity;
 use axum::response::{IntoResponse, Response};
 
 /// 202 when the call is new and durable; 200 when the same call was already
 /// submitted (nothing new is dispatched).
 pub async fn submit(
     State(app): State<AppState>,
+    Caller(by): Caller,
     JsonBody(req): JsonBody<SubmitCall>,
 ) -> Result<Response, ApiError> {
-    match app.perform(Request::Submit { call: req }).await? {
+    match app.perform(&by, Request::Submit { call: req }).await? {
         Reply::Submitted { created, reply } => {
             let status = if created {
                 StatusCode::ACCEPTED
@@ -40,10 +43,11 @@ pub async fn submit(
 /// Shapes a reply that carries a call.
 pub(crate) async fn call_reply(
     app: &AppState,
+    by: &Identity,
     group_id: &str,
     request: Request,
 ) -> Result<Response, ApiError> {
-    match app.perform(request).await? {
+    match app.perform(by, request).await? {
         Reply::Call { call } => Ok(Json(CallView::new(group_id, *call)).into_response()),
         other => Err(unexpected(other)),
     }
@@ -109,6 +113,7 @@ pub struct Choice {
 
 pub async fn choose(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(choice): JsonBody<Choice>,
 ) -> Result<Response, ApiError> {
@@ -131,7 +136,7 @@ pub async fn choose(
         text: choice.choice,
         dismissed: choice.dismiss,
     };
-    call_reply(&app, &group_id, request).await
+    call_reply(&app, &by, &group_id, request).await
 }
 
 /// An answer's index as a position among the choices (the state machine
@@ -161,11 +166,12 @@ fn choice_index(n: &serde_json::Number) -> Result<usize, ApiError> {
 
 pub async fn cancel(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path((group_id, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let request = Request::CancelCall {
         group_id: group_id.clone(),
         id,
     };
-    call_reply(&app, &group_id, request).await
+    call_reply(&app, &by, &group_id, request).await
 }

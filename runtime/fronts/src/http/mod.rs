@@ -23,6 +23,7 @@ use axum::Router;
 
 use crate::engine::requests::{Reply, Request};
 use crate::engine::Engine;
+use crate::identity::Identity;
 use ferry_proto::api::SubmitCall;
 
 pub use error::{status_of, ApiError};
@@ -57,7 +58,9 @@ where
 /// (sled in `ferry serve`, JetStream on a cluster node).
 #[async_trait::async_trait]
 pub trait Perform: Send + Sync + 'static {
-    async fn perform(&self, request: Request) -> Result<Reply, crate::engine::Error>;
+    /// Runs `request`, asked by `by` ([`Engine::perform`]).
+    async fn perform(&self, by: &Identity, request: Request)
+        -> Result<Reply, crate::engine::Error>;
 }
 
 /// The engine, detached from the connection.
@@ -65,9 +68,13 @@ pub struct Local(pub Arc<Engine>);
 
 #[async_trait::async_trait]
 impl Perform for Local {
-    async fn perform(&self, request: Request) -> Result<Reply, crate::engine::Error> {
-        let engine = self.0.clone();
-        match tokio::spawn(async move { engine.perform(request).await }).await {
+    async fn perform(
+        &self,
+        by: &Identity,
+        request: Request,
+    ) -> Result<Reply, crate::engine::Error> {
+        let (engine, by) = (self.0.clone(), by.clone());
+        match tokio::spawn(async move { engine.perform(&by, request).await }).await {
             Ok(result) => result,
             Err(e) => Err(crate::engine::Error::Internal(format!(
                 "the command did not complete: {e}"
@@ -81,13 +88,14 @@ impl Perform for Local {
 /// errors, so each front keeps one mapping.
 pub(crate) async fn submit_call(
     perform: &dyn Perform,
+    by: &Identity,
     mut call: SubmitCall,
 ) -> Result<String, crate::engine::Error> {
     let id = call
         .id
         .get_or_insert_with(crate::engine::calls::fresh_id)
         .clone();
-    match perform.perform(Request::Submit { call }).await? {
+    match perform.perform(by, Request::Submit { call }).await? {
         Reply::Submitted { reply, .. } => Ok(reply.id),
         other => Err(crate::engine::Error::Internal(format!(
             "unexpected reply {other:?} to the submission of {id:?}"
@@ -114,8 +122,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub(crate) async fn perform(&self, request: Request) -> Result<Reply, ApiError> {
-        Ok(self.perform.perform(request).await?)
+    pub(crate) async fn perform(&self, by: &Identity, request: Request) -> Result<Reply, ApiError> {
+        Ok(self.perform.perform(by, request).await?)
     }
 }
 
@@ -143,15 +151,10 @@ pub fn router_with(
         .route("/ui", get(ui::page))
         .route("/ui/", get(ui::page))
         .route("/healthz", get(ops::healthz));
-    let guarded = guarded_routes();
-    let guarded = if tokens.required() {
-        guarded.layer(axum::middleware::from_fn_with_state(
-            tokens,
-            auth::require_token,
-        ))
-    } else {
-        guarded
-    };
+    let guarded = guarded_routes().layer(axum::middleware::from_fn_with_state(
+        tokens,
+        auth::authenticate,
+    ));
     open.merge(guarded)
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)

@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::auth::Caller;
 use super::path::Path;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -297,24 +298,26 @@ fn to_sse(event: Event) -> Result<SseEvent, Infallible> {
 
 pub async fn cancel_subscription(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path((group_id, id)): Path<(String, String)>,
 ) -> Result<axum::response::Response, ApiError> {
     let request = Request::CancelSubscription {
         group_id: group_id.clone(),
         id,
     };
-    super::calls::call_reply(&app, &group_id, request).await
+    super::calls::call_reply(&app, &by, &group_id, request).await
 }
 
 pub async fn close(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path(group_id): Path<String>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let request = Request::Close {
         group_id: group_id.clone(),
     };
-    match app.perform(request).await? {
+    match app.perform(&by, request).await? {
         Reply::Closed { last_seq } => Ok(Json(
             json!({"group_id": group_id, "closed": true, "last_seq": last_seq}),
         )

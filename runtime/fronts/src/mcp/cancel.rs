@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use super::tools::Accepted;
 use crate::engine::requests::Request;
 use crate::http::Perform;
+use crate::identity::Identity;
 
 /// A request, as the client named it: its session and its JSON-RPC id
 /// (`7` and `"7"` are different ids).
@@ -42,6 +43,7 @@ impl Running {
     pub async fn cancelled(
         &self,
         perform: &dyn Perform,
+        by: &Identity,
         session: &str,
         params: &Map<String, Value>,
     ) {
@@ -62,7 +64,7 @@ impl Running {
             group_id: call.group_id.clone(),
             id: call.id.clone(),
         };
-        match perform.perform(request).await {
+        match perform.perform(by, request).await {
             Ok(_) => {
                 tracing::info!(group_id = ?call.group_id, id = ?call.id, reason, "MCP client cancelled its call")
             }

@@ -32,6 +32,7 @@ use tracing::{info_span, Instrument};
 
 use crate::engine::Engine;
 use crate::http::Perform;
+use crate::identity::Identity;
 use jsonrpc::{Incoming, RpcError, INVALID_REQUEST, METHOD_NOT_FOUND};
 use session::{Context, HANDSHAKE_VERSIONS, SESSION_HEADER};
 use sessions::Sessions;
@@ -118,9 +119,10 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
 
 async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
     let headers = req.headers().clone();
-    if let Err(e) = security::check(&mcp.config, &headers) {
-        return error_reply(&Value::Null, &e);
-    }
+    let identity = match security::check(&mcp.config, &headers) {
+        Ok(identity) => identity,
+        Err(e) => return error_reply(&Value::Null, &e),
+    };
     let body = match axum::body::to_bytes(req.into_body(), mcp.config.max_body_bytes).await {
         Ok(b) => b,
         Err(_) => {
@@ -133,11 +135,11 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         }
     };
     if let Some(batch) = batch_of(&body) {
-        return receive_batch(&mcp, &headers, batch).await;
+        return receive_batch(&mcp, &headers, &identity, batch).await;
     }
     let incoming = Incoming::parse(&body);
     // Looked up once: in a cluster, each lookup asks JetStream.
-    let named = session::in_session(&*mcp.config.sessions, &headers).await;
+    let named = session::in_session(&*mcp.config.sessions, &headers, &identity).await;
     if let (Ok(Incoming::Notification { .. } | Incoming::Response), Some(Err(e))) =
         (&incoming, &named)
     {
@@ -164,7 +166,7 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         Some(Err(e)) => return error_reply(&id, &e),
         None if method == "initialize" => return initialize(&mcp, &id, &params).await,
         None if session::looks_modern(&method, &params, &headers) => {
-            match session::stateless(&method, &params, &headers) {
+            match session::stateless(&method, &params, &headers, &identity) {
                 Ok(ctx) => ctx,
                 Err(e) => return error_reply(&id, &e),
             }
@@ -225,12 +227,17 @@ fn batch_of(body: &[u8]) -> Option<Vec<Value>> {
 /// A JSON-RPC batch, which MCP 2025-03-26 allows (and 2025-06-18 removed):
 /// requests and notifications in one POST, answered together as an array
 /// (202 when none is a request). Its requests run concurrently.
-async fn receive_batch(mcp: &Arc<Mcp>, headers: &HeaderMap, batch: Vec<Value>) -> Response {
+async fn receive_batch(
+    mcp: &Arc<Mcp>,
+    headers: &HeaderMap,
+    identity: &Identity,
+    batch: Vec<Value>,
+) -> Response {
     let refuse = |why: &str| {
         let e = RpcError::transport(400, INVALID_REQUEST, format!("Invalid Request: {why}"));
         error_reply(&Value::Null, &e)
     };
-    let ctx = match session::in_session(&*mcp.config.sessions, headers).await {
+    let ctx = match session::in_session(&*mcp.config.sessions, headers, identity).await {
         Some(Ok(ctx)) if ctx.version == session::BATCH_VERSION => ctx,
         Some(Err(e)) => return error_reply(&Value::Null, &e),
         _ => {
@@ -360,10 +367,14 @@ async fn notified(mcp: &Mcp, ctx: Option<&Context>, method: &str, params: &Map<S
     }
     if let Some(Context {
         session: Some(session),
+        identity,
         ..
     }) = ctx
     {
-        mcp.running.cancelled(&*mcp.perform, session, params).await;
+        let perform = &*mcp.perform;
+        mcp.running
+            .cancelled(perform, identity, session, params)
+            .await;
     }
 }
 
@@ -399,12 +410,12 @@ async fn dispatch(
             Ok(Some(tools))
         }
         "tools/call" => call(mcp, ctx, id, params, stream).await,
-        "tasks/get" if ctx.tasks() => tasks::get(engine, params).await.map(Some),
-        "tasks/result" if ctx.tasks() => tasks::result(engine, params, stream).await,
+        "tasks/get" if ctx.tasks() => tasks::get(engine, ctx, params).await.map(Some),
+        "tasks/result" if ctx.tasks() => tasks::result(engine, ctx, params, stream).await,
         "tasks/list" if ctx.tasks() => tasks::list(engine, ctx, params).await.map(Some),
-        "tasks/cancel" if ctx.tasks() => {
-            tasks::cancel(engine, &*mcp.perform, params).await.map(Some)
-        }
+        "tasks/cancel" if ctx.tasks() => tasks::cancel(engine, ctx, &*mcp.perform, params)
+            .await
+            .map(Some),
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("Method not found: {other}"),
@@ -486,7 +497,7 @@ async fn call(
         tools::Submitted::Call(accepted) => accepted,
     };
     if as_task {
-        return tasks::created(engine, &accepted).await.map(Some);
+        return tasks::created(engine, ctx, &accepted).await.map(Some);
     }
     let tracked = ctx
         .session

@@ -1,6 +1,7 @@
 //! DNS-rebinding protection and the optional bearer token: the checks every
 //! `/mcp` request passes before its body is read.
 
+use crate::identity::Identity;
 use axum::http::{header, HeaderMap};
 
 use super::jsonrpc::{RpcError, INVALID_REQUEST};
@@ -57,9 +58,13 @@ fn allowed_origin(config: &McpConfig, origin: &str) -> bool {
     url.host().is_some_and(|host| is_loopback_host(&host))
 }
 
+/// The identity of whoever holds `--mcp-bearer-token`: an agent, which may
+/// act only in the threads it creates.
+pub const MCP_TOKEN_IDENTITY: &str = "mcp";
+
 /// Refuses a request from a foreign `Host` or `Origin` (403), or without
-/// the configured bearer token (401).
-pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
+/// the configured bearer token (401); else who asks.
+pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<Identity, RpcError> {
     let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     match text(header::HOST) {
         Some(host) if allowed_host(config, host) => {}
@@ -92,18 +97,23 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<(), RpcError> {
         .and_then(crate::http::bearer_token)
         .unwrap_or("");
     // `--mcp-bearer-token` when given, else the native API's tokens.
-    let accepted = match &config.bearer_token {
-        Some(token) => same(&sha256(given), &sha256(token)),
-        None => !config.api_tokens.required() || config.api_tokens.accepts(given),
+    let identity = match &config.bearer_token {
+        Some(token) => {
+            same(&sha256(given), &sha256(token)).then(|| Identity::agent(MCP_TOKEN_IDENTITY))
+        }
+        None if !config.api_tokens.required() => Some(Identity::anonymous()),
+        None => config
+            .api_tokens
+            .accepts(given)
+            .then(|| Identity::operator(crate::http::auth::API_TOKEN_IDENTITY)),
     };
-    if !accepted {
-        return Err(RpcError::transport(
+    identity.ok_or_else(|| {
+        RpcError::transport(
             401,
             INVALID_REQUEST,
             "Unauthorized: a valid bearer token is required",
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 #[cfg(test)]

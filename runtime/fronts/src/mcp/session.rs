@@ -2,6 +2,7 @@
 //! `initialize` handshake (2025 revisions, `Mcp-Session-Id`), or the
 //! stateless 2026-07-28 envelope carried by each request's `_meta`.
 
+use crate::identity::Identity;
 use axum::http::HeaderMap;
 use serde_json::{json, Map, Value};
 
@@ -50,6 +51,8 @@ pub struct Context {
     pub version: String,
     /// The session, for the 2025 revisions; `None` when stateless.
     pub session: Option<String>,
+    /// Who asks (`security::check`).
+    pub identity: Identity,
 }
 
 impl Context {
@@ -72,6 +75,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 pub async fn in_session(
     sessions: &dyn Sessions,
     headers: &HeaderMap,
+    identity: &Identity,
 ) -> Option<Result<Context, RpcError>> {
     let id = header(headers, SESSION_HEADER)?;
     let version = match sessions.version(id).await {
@@ -97,6 +101,7 @@ pub async fn in_session(
     Some(Ok(Context {
         version,
         session: Some(id.to_owned()),
+        identity: identity.clone(),
     }))
 }
 
@@ -128,6 +133,7 @@ pub fn stateless(
     method: &str,
     params: &Map<String, Value>,
     headers: &HeaderMap,
+    identity: &Identity,
 ) -> Result<Context, RpcError> {
     let bad_envelope = |m: String| RpcError::transport(400, INVALID_PARAMS, m);
     let meta = params
@@ -181,6 +187,7 @@ pub fn stateless(
         Some(MODERN_VERSION) => Ok(Context {
             version: MODERN_VERSION.to_owned(),
             session: None,
+            identity: identity.clone(),
         }),
         Some(other) => Err(RpcError::transport(
             400,
@@ -248,13 +255,18 @@ mod tests {
     #[test]
     fn the_stateless_envelope_is_checked_rung_by_rung() {
         let (params, headers) = modern("tools/call", Some("echo"));
-        assert!(stateless("tools/call", &params, &headers)
-            .unwrap()
-            .stateless());
+        assert!(
+            stateless("tools/call", &params, &headers, &Identity::anonymous())
+                .unwrap()
+                .stateless()
+        );
 
         let (_, headers) = modern("tools/call", Some("echo"));
-        let code =
-            |p: &Map<String, Value>, h: &HeaderMap| stateless("tools/call", p, h).unwrap_err().code;
+        let code = |p: &Map<String, Value>, h: &HeaderMap| {
+            stateless("tools/call", p, h, &Identity::anonymous())
+                .unwrap_err()
+                .code
+        };
         assert_eq!(code(&Map::new(), &headers), INVALID_PARAMS);
 
         let (params, mut wrong_name) = modern("tools/call", Some("echo"));
@@ -269,7 +281,7 @@ mod tests {
             PROTOCOL_VERSION_HEADER,
             HeaderValue::from_static("2030-01-01"),
         );
-        let e = stateless("tools/call", &params, &h).unwrap_err();
+        let e = stateless("tools/call", &params, &h, &Identity::anonymous()).unwrap_err();
         assert_eq!(e.code, UNSUPPORTED_PROTOCOL_VERSION);
         assert_eq!(e.data.unwrap()["supported"][0], json!(MODERN_VERSION));
     }

@@ -39,15 +39,27 @@ fn parse_task_id(params: &Map<String, Value>) -> Result<Accepted, RpcError> {
     Ok(Accepted { group_id, id })
 }
 
-async fn load(engine: &Engine, task: &Accepted) -> Result<CallRecord, RpcError> {
+/// The task's call, if `ctx`'s identity may see its thread: another
+/// identity's task is as unknown as one that never was.
+async fn load(engine: &Engine, ctx: &Context, task: &Accepted) -> Result<CallRecord, RpcError> {
+    let unknown = || {
+        RpcError::invalid_params(format!(
+            "Failed to retrieve task: no call {:?} in thread {:?}",
+            task.id, task.group_id
+        ))
+    };
+    let visible = engine
+        .may_act_in(&ctx.identity, &task.group_id)
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+    if !visible {
+        return Err(unknown());
+    }
     engine
         .call(&task.group_id, &task.id)
         .await
         .map_err(|e| match e {
-            Error::NotFound(_) | Error::InvalidRequest(_) => RpcError::invalid_params(format!(
-                "Failed to retrieve task: no call {:?} in thread {:?}",
-                task.id, task.group_id
-            )),
+            Error::NotFound(_) | Error::InvalidRequest(_) => unknown(),
             other => RpcError::internal(other.to_string()),
         })
 }
@@ -81,24 +93,29 @@ pub fn view(group_id: &str, call: &CallRecord) -> Value {
 }
 
 /// `tools/call` with `task`: answers at once with the task.
-pub async fn created(engine: &Engine, call: &Accepted) -> Result<Value, RpcError> {
-    let record = load(engine, call).await?;
+pub async fn created(engine: &Engine, ctx: &Context, call: &Accepted) -> Result<Value, RpcError> {
+    let record = load(engine, ctx, call).await?;
     Ok(json!({"task": view(&call.group_id, &record)}))
 }
 
-pub async fn get(engine: &Engine, params: &Map<String, Value>) -> Result<Value, RpcError> {
+pub async fn get(
+    engine: &Engine,
+    ctx: &Context,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
     let task = parse_task_id(params)?;
-    Ok(view(&task.group_id, &load(engine, &task).await?))
+    Ok(view(&task.group_id, &load(engine, ctx, &task).await?))
 }
 
 /// `tasks/result`: blocks until the call settles, then its `CallToolResult`.
 pub async fn result(
     engine: &Engine,
+    ctx: &Context,
     params: &Map<String, Value>,
     stream: Option<&tokio::sync::mpsc::Sender<Value>>,
 ) -> Result<Option<Value>, RpcError> {
     let task = parse_task_id(params)?;
-    load(engine, &task).await?;
+    load(engine, ctx, &task).await?;
     let waited = tools::wait(engine, &task, stream, None).await?;
     Ok(waited.map(|call| {
         let mut value = tools::result(&call, &task.group_id);
@@ -130,6 +147,17 @@ pub async fn list(
             None => Ok(json!({"tasks": []})),
         };
     };
+    let visible = engine
+        .may_act_in(&ctx.identity, &group_id)
+        .await
+        .map_err(|e| RpcError::internal(e.to_string()))?;
+    if !visible {
+        // Another identity's thread lists like an empty one.
+        return match after {
+            Some(after) => Err(invalid(&after)),
+            None => Ok(json!({"tasks": []})),
+        };
+    }
     let calls = match engine.calls(&group_id).await {
         Ok(calls) => calls,
         Err(Error::InvalidRequest(m)) => return Err(RpcError::invalid_params(m)),
@@ -163,11 +191,12 @@ pub async fn list(
 /// native `DELETE` (Ferry tells the tool).
 pub async fn cancel(
     engine: &std::sync::Arc<Engine>,
+    ctx: &Context,
     perform: &dyn crate::http::Perform,
     params: &Map<String, Value>,
 ) -> Result<Value, RpcError> {
     let task = parse_task_id(params)?;
-    let record = load(engine, &task).await?;
+    let record = load(engine, ctx, &task).await?;
     if tools::settled(&record) {
         return Err(RpcError::invalid_params(format!(
             "Cannot cancel task: it is already {}",
@@ -180,9 +209,9 @@ pub async fn cancel(
         group_id: task.group_id.clone(),
         id: task.id.clone(),
     };
-    match perform.perform(request).await {
+    match perform.perform(&ctx.identity, request).await {
         Ok(crate::engine::requests::Reply::Call { call }) => Ok(view(&task.group_id, &call)),
-        Ok(_) => Ok(view(&task.group_id, &load(engine, &task).await?)),
+        Ok(_) => Ok(view(&task.group_id, &load(engine, ctx, &task).await?)),
         Err(e) => {
             let e = crate::http::ApiError::from(e);
             if e.status.is_client_error() {

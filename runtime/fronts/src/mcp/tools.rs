@@ -250,7 +250,7 @@ pub async fn submit(
         user_id: place.user_id,
         thread_ancestors: place.thread_ancestors,
     };
-    match crate::http::submit_call(perform, request).await {
+    match crate::http::submit_call(perform, &ctx.identity, request).await {
         Ok(id) => {
             info!("MCP call accepted");
             Ok(Submitted::Call(Accepted {

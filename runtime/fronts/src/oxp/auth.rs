@@ -11,6 +11,8 @@ use axum::http::HeaderMap;
 use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
+use crate::identity::Identity;
+
 /// The longest a token may still be valid for: a leaked token must expire soon.
 pub const MAX_TOKEN_LIFETIME_SECS: u64 = 15 * 60;
 
@@ -52,6 +54,30 @@ struct Claims {
     exp: f64,
     #[serde(default)]
     nbf: Option<f64>,
+    /// The user the token was issued to, whom its calls are made for.
+    #[serde(default)]
+    sub: Option<String>,
+}
+
+/// The identity of whoever holds the `OXP-API-Key`, or a JWT naming no
+/// `sub`: an agent, which may act only in the threads it creates.
+pub const OXP_KEY_IDENTITY: &str = "oxp";
+
+/// Who asks, as the credentials say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    pub identity: Identity,
+    /// The user a JWT's `sub` names: the only one its calls may be for.
+    pub user_id: Option<String>,
+}
+
+impl Authenticated {
+    fn as_identity(identity: Identity) -> Self {
+        Self {
+            identity,
+            user_id: None,
+        }
+    }
 }
 
 /// Checks requests against the configured credentials.
@@ -93,10 +119,14 @@ impl Auth {
         self.jwt.is_some() || self.api_key.is_some()
     }
 
-    /// Ok when auth is off or the request carries valid credentials.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+    /// Who asks, when auth is off or the request carries valid credentials:
+    /// everyone is [`Identity::anonymous`] without credentials configured,
+    /// an `--api-token` holder the operator, an `OXP-API-Key` holder the
+    /// agent [`OXP_KEY_IDENTITY`], and a JWT's holder the agent `oxp:<sub>`
+    /// acting for user `sub` (or, naming none, as the key's holder).
+    pub fn check(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
         if !self.enabled() {
-            return Ok(());
+            return Ok(Authenticated::as_identity(Identity::anonymous()));
         }
         let key = headers.get("oxp-api-key").and_then(|v| v.to_str().ok());
         let bearer = headers
@@ -105,7 +135,9 @@ impl Auth {
             .and_then(crate::http::bearer_token);
         if !self.has_own_credentials() {
             return match bearer {
-                Some(token) if self.api_tokens.accepts(token) => Ok(()),
+                Some(token) if self.api_tokens.accepts(token) => Ok(Authenticated::as_identity(
+                    Identity::operator(crate::http::auth::API_TOKEN_IDENTITY),
+                )),
                 Some(_) => Err(AuthError::WrongApiToken),
                 None => Err(AuthError::MissingApiToken),
             };
@@ -115,7 +147,9 @@ impl Auth {
             // Comparing digests keeps the comparison's time independent of
             // where the given key first differs.
             if crate::digest::same(&crate::digest::sha256(given), expected) {
-                return Ok(());
+                return Ok(Authenticated::as_identity(Identity::agent(
+                    OXP_KEY_IDENTITY,
+                )));
             }
             refused = AuthError::WrongKey;
         }
@@ -137,7 +171,13 @@ impl Auth {
             if claims.exp > now + MAX_TOKEN_LIFETIME_SECS as f64 {
                 return Err(AuthError::TooLong);
             }
-            return Ok(());
+            return Ok(match claims.sub {
+                Some(sub) => Authenticated {
+                    identity: Identity::agent(format!("{OXP_KEY_IDENTITY}:{sub}")),
+                    user_id: Some(sub),
+                },
+                None => Authenticated::as_identity(Identity::agent(OXP_KEY_IDENTITY)),
+            });
         }
         Err(refused)
     }

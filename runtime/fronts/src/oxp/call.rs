@@ -33,6 +33,7 @@ use super::names::{names_operation, valid_tool_id, Index, NotFound};
 use super::wire::{request_validator, supported_schema, OxpError, SCHEMA};
 use super::Oxp;
 use crate::engine::Error;
+use crate::identity::Identity;
 use crate::thread::{CallRecord, Rejection, Submission};
 
 /// The thread of an OXP call.
@@ -108,7 +109,7 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         ));
     }
     // Credentials before the body: a stranger's upload is not read.
-    oxp.auth.check(headers).map_err(|e| {
+    let caller = oxp.auth.check(headers).map_err(|e| {
         info!(error = %e, "OXP credentials refused");
         OxpError::unauthorized(e.to_string())
     })?;
@@ -155,11 +156,25 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
             "tool_id must match ^[A-Za-z0-9_]+\\.[A-Za-z0-9_]+(@([0-9]+|[0-9]+\\.[0-9]+\\.[0-9]+))?$",
         ));
     }
-    let user_id = request
+    let claimed = request
         .get("context")
         .and_then(|c| c.get("user_id"))
         .and_then(Value::as_str)
         .map(str::to_owned);
+    // A token issued to a user calls for that user only: the thread (and
+    // its grants) is theirs, whatever the body claims.
+    let user_id = match (caller.user_id, claimed) {
+        (Some(user), Some(claimed)) if claimed != user => {
+            return Err(bad(
+                "The call is for another user than the credential's",
+                format!(
+                    "context.user_id {claimed:?} is not the user this token was issued to (its sub)"
+                ),
+            ))
+        }
+        (Some(user), _) => Some(user),
+        (None, claimed) => claimed,
+    };
     let id = text("call_id").unwrap_or_else(|| format!("oxp_{}", uuid::Uuid::new_v4().simple()));
     if id.starts_with(RERUN_PREFIX) {
         return Err(bad(
@@ -186,7 +201,9 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         user_id,
         thread_ancestors: None,
     };
-    settle(oxp, submit, earlier).instrument(span).await
+    settle(oxp, &caller.identity, submit, earlier)
+        .instrument(span)
+        .await
 }
 
 /// The native operation that `tool_id` names now (`Toolset.tool@x.y.z`).
@@ -249,6 +266,7 @@ async fn current_attempt(
 #[instrument(skip_all)]
 async fn settle(
     oxp: &Oxp,
+    by: &Identity,
     mut submit: SubmitCall,
     earlier: Option<CallRecord>,
 ) -> Result<Value, OxpError> {
@@ -262,7 +280,7 @@ async fn settle(
     // Like a native submission: run detached from the client's
     // connection, answered once decided and durable.
     let deadline = tokio::time::Instant::now() + oxp.wait;
-    crate::http::submit_call(&*oxp.perform, submit)
+    crate::http::submit_call(&*oxp.perform, by, submit)
         .await
         .map_err(submit_error)?;
     let rest = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -293,6 +311,10 @@ fn submit_error(e: Error) -> OxpError {
         Error::Rejected(Rejection::ThreadClosed) => {
             bad("The thread of this user is closed", e.to_string())
         }
+        Error::Rejected(Rejection::ForeignThread(_)) => bad(
+            "This credential may not call in this user's thread",
+            e.to_string(),
+        ),
         Error::Store(_) | Error::Bus(_) => bad(
             "The tool server is temporarily unavailable",
             format!("{e}; nothing was recorded: retry the same request"),

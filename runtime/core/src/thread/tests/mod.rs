@@ -5,6 +5,7 @@ mod approvals;
 mod choices;
 mod idempotency;
 mod lifecycle;
+mod ownership;
 mod subscriptions;
 mod views;
 
@@ -23,6 +24,7 @@ const AT: Timestamp = Timestamp::from_millis(0);
 fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
     NewCall {
         id: id.into(),
+        identity: "agent".into(),
         submission: Submission {
             operation: "echo".into(),
             arguments,
