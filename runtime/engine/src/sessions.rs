@@ -23,16 +23,24 @@ pub const MAX_SESSIONS: usize = 10_000;
 #[error("MCP sessions are unavailable: {0}")]
 pub struct Unavailable(pub String);
 
+/// An open session: its revision, and the identity that opened it, the
+/// only one it serves.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Session {
+    pub version: String,
+    pub holder: String,
+}
+
 /// The sessions port: open, look up (marking the session used), close.
 #[async_trait::async_trait]
 pub trait Sessions: std::fmt::Debug + Send + Sync + 'static {
-    /// Opens a session under `version`; its id is also its thread's
-    /// `group_id`.
-    async fn open(&self, version: &str) -> Result<String, Unavailable>;
+    /// Opens a session under `version` for identity `holder`; returns its
+    /// id.
+    async fn open(&self, version: &str, holder: &str) -> Result<String, Unavailable>;
 
-    /// The session's revision, marking it used; `None` for one unknown,
-    /// closed, pushed out or idle too long.
-    async fn version(&self, id: &str) -> Result<Option<String>, Unavailable>;
+    /// The session, marking it used; `None` for one unknown, closed,
+    /// pushed out or idle too long.
+    async fn get(&self, id: &str) -> Result<Option<Session>, Unavailable>;
 
     /// Ends the session; `false` when there was none to end.
     async fn close(&self, id: &str) -> Result<bool, Unavailable>;
@@ -49,8 +57,8 @@ pub fn new_id() -> String {
 /// session used stays readable under its id).
 #[derive(Debug)]
 pub struct InMemory {
-    /// Session id → (revision, last use), least recently used first out.
-    live: Mutex<LruCache<String, (String, Instant)>>,
+    /// Session id → (session, last use), least recently used first out.
+    live: Mutex<LruCache<String, (Session, Instant)>>,
     idle: Duration,
 }
 
@@ -69,23 +77,26 @@ impl InMemory {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, (String, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, (Session, Instant)>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[async_trait::async_trait]
 impl Sessions for InMemory {
-    async fn open(&self, version: &str) -> Result<String, Unavailable> {
+    async fn open(&self, version: &str, holder: &str) -> Result<String, Unavailable> {
         let id = new_id();
-        self.lock()
-            .put(id.clone(), (version.to_owned(), Instant::now()));
+        let session = Session {
+            version: version.to_owned(),
+            holder: holder.to_owned(),
+        };
+        self.lock().put(id.clone(), (session, Instant::now()));
         Ok(id)
     }
 
-    async fn version(&self, id: &str) -> Result<Option<String>, Unavailable> {
+    async fn get(&self, id: &str) -> Result<Option<Session>, Unavailable> {
         let mut live = self.lock();
-        let Some((version, used)) = live.get_mut(id) else {
+        let Some((session, used)) = live.get_mut(id) else {
             return Ok(None);
         };
         if used.elapsed() >= self.idle {
@@ -93,7 +104,7 @@ impl Sessions for InMemory {
             return Ok(None);
         }
         *used = Instant::now();
-        Ok(Some(version.clone()))
+        Ok(Some(session.clone()))
     }
 
     async fn close(&self, id: &str) -> Result<bool, Unavailable> {
@@ -108,14 +119,14 @@ mod tests {
     #[tokio::test]
     async fn sessions_past_the_limit_push_out_the_least_recently_used() {
         let sessions = InMemory::with_limits(2, IDLE);
-        let a = sessions.open("2025-11-25").await.unwrap();
-        let b = sessions.open("2025-06-18").await.unwrap();
+        let a = sessions.open("2025-11-25", "mcp").await.unwrap();
+        let b = sessions.open("2025-06-18", "mcp").await.unwrap();
         let version = |id: String| {
             let sessions = &sessions;
-            async move { sessions.version(&id).await.unwrap() }
+            async move { sessions.get(&id).await.unwrap().map(|s| s.version) }
         };
         assert_eq!(version(a.clone()).await.as_deref(), Some("2025-11-25"));
-        let c = sessions.open("2025-03-26").await.unwrap();
+        let c = sessions.open("2025-03-26", "mcp").await.unwrap();
         assert_eq!(version(b).await, None, "b was used least recently");
         assert_eq!(version(a).await.as_deref(), Some("2025-11-25"));
         assert_eq!(version(c.clone()).await.as_deref(), Some("2025-03-26"));
@@ -127,8 +138,8 @@ mod tests {
     #[tokio::test]
     async fn an_idle_session_is_forgotten() {
         let sessions = InMemory::with_limits(2, Duration::ZERO);
-        let a = sessions.open("2025-11-25").await.unwrap();
-        assert_eq!(sessions.version(&a).await.unwrap(), None);
+        let a = sessions.open("2025-11-25", "mcp").await.unwrap();
+        assert_eq!(sessions.get(&a).await.unwrap(), None);
         assert!(
             !sessions.close(&a).await.unwrap(),
             "forgotten, not only refused"

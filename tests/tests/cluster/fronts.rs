@@ -154,9 +154,10 @@ async fn a_2025_mcp_session_opened_on_one_node_continues_on_another() {
     let (status, _, body) = mcp(&c.b.url, Some(&session), "tools/call", call.clone()).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"]["isError"], false, "{body}");
+    let thread = ferry_fronts::mcp::thread_of_session(&session);
     assert_eq!(
         body["result"]["_meta"]["io.ferry/group_id"],
-        json!(session),
+        json!(thread),
         "{body}"
     );
 
@@ -222,7 +223,7 @@ async fn a_2025_mcp_session_opened_on_one_node_continues_on_another() {
     );
     assert_eq!(end(c.a.url.clone()).await, 404, "ended already");
     // The session's thread stays readable: one call, one result.
-    let events = c.a.api().events(&session, 0).await;
+    let events = c.a.api().events(&thread, 0).await;
     assert_eq!(
         events.iter().filter(|e| e["type"] == "tool_result").count(),
         1,

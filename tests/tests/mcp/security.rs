@@ -260,3 +260,64 @@ async fn an_agent_cannot_borrow_another_identitys_grant() {
         .await;
     assert_eq!(status, 202, "{body}");
 }
+
+/// A 2025 session serves only the identity that opened it: another
+/// credential naming its id meets "Session not found" (404), as for an id
+/// that never was, and cannot end it. Its calls' thread is not named
+/// after its id, so reading threads shows no session id.
+#[tokio::test]
+async fn a_session_serves_only_the_credential_that_opened_it() {
+    let mut options = FerryOptions {
+        demo: true,
+        ..FerryOptions::default()
+    }
+    .api_token(OPERATOR_TOKEN);
+    options
+        .args
+        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
+    let ferry = Ferry::start(options).await;
+    let mut agent = Raw::with_bearer(&ferry, AGENT_TOKEN);
+    agent.initialize("2025-11-25").await;
+    let session = agent.session.clone().unwrap();
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}});
+    let answer = agent.rpc("tools/call", echo.clone()).await;
+    assert_eq!(answer.body["result"]["isError"], false, "{}", answer.body);
+    let thread = answer.body["result"]["_meta"]["io.ferry/group_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!thread.contains(&session), "{thread}");
+
+    let mut other = Raw::with_bearer(&ferry, OPERATOR_TOKEN);
+    other.session = Some(session.clone());
+    for method in ["tools/list", "tools/call"] {
+        let refused = other.rpc(method, echo.clone()).await;
+        assert_eq!(
+            (refused.status, refused.body["error"]["code"].as_i64()),
+            (404, Some(-32001)),
+            "{method}: {}",
+            refused.body
+        );
+    }
+    let ended = other
+        .http
+        .delete(&other.url)
+        .bearer_auth(OPERATOR_TOKEN)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 404);
+
+    let operator = Api::with_token(&ferry.url, OPERATOR_TOKEN);
+    let (_, threads) = operator.get("/v1/threads").await;
+    assert!(!threads.to_string().contains(&session), "{threads}");
+    assert_eq!(
+        operator.events(&thread, 0).await.len(),
+        3,
+        "one call, nothing more"
+    );
+    // The holder's session goes on.
+    let answer = agent.rpc("tools/list", json!({})).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+}

@@ -114,7 +114,9 @@ async fn long_running_tools_run_as_tasks_backed_by_the_durable_call() {
         .as_array()
         .unwrap()
         .len();
-    let thread = format!("/v1/threads/{}/calls", seg(raw.session.as_deref().unwrap()));
+    let session = raw.session.as_deref().unwrap();
+    let session_thread = ferry_fronts::mcp::thread_of_session(session);
+    let thread = format!("/v1/threads/{}/calls", seg(&session_thread));
     let (_, calls_before) = ferry.api().get(&thread).await;
     let malformed = raw
         .rpc(

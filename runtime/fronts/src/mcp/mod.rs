@@ -12,7 +12,9 @@ mod cancel;
 mod jsonrpc;
 mod security;
 mod session;
+
 pub use ferry_engine::sessions;
+pub use session::thread_of_session;
 mod tasks;
 mod tools;
 
@@ -164,7 +166,7 @@ async fn receive(State(mcp): State<Arc<Mcp>>, req: Request) -> Response {
         }
         Some(Ok(ctx)) => ctx,
         Some(Err(e)) => return error_reply(&id, &e),
-        None if method == "initialize" => return initialize(&mcp, &id, &params).await,
+        None if method == "initialize" => return initialize(&mcp, &identity, &id, &params).await,
         None if session::looks_modern(&method, &params, &headers) => {
             match session::stateless(&method, &params, &headers, &identity) {
                 Ok(ctx) => ctx,
@@ -328,7 +330,12 @@ const INSTRUCTIONS: &str = "Tools run through Ferry, a durable tool runtime: eve
 /// The 2025 handshake: negotiates the revision and opens a session. Its
 /// params are what every revision's schema requires of them; without them
 /// no session opens.
-async fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Response {
+async fn initialize(
+    mcp: &Mcp,
+    identity: &Identity,
+    id: &Value,
+    params: &Map<String, Value>,
+) -> Response {
     let requested = params.get("protocolVersion").and_then(Value::as_str);
     let object = |key: &str| params.get(key).is_some_and(Value::is_object);
     if requested.is_none() || !object("capabilities") || !object("clientInfo") {
@@ -339,7 +346,7 @@ async fn initialize(mcp: &Mcp, id: &Value, params: &Map<String, Value>) -> Respo
         return error_reply(id, &e);
     }
     let version = session::negotiate(requested);
-    let session = match mcp.config.sessions.open(version).await {
+    let session = match mcp.config.sessions.open(version, identity.name()).await {
         Ok(session) => session,
         Err(e) => return error_reply(id, &session::unavailable(&e)),
     };
@@ -531,9 +538,10 @@ async fn no_stream(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response 
 
 /// `DELETE /mcp` ends the session it names (its thread stays).
 async fn end_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Response {
-    if let Err(e) = security::check(&mcp.config, &headers) {
-        return error_reply(&Value::Null, &e);
-    }
+    let identity = match security::check(&mcp.config, &headers) {
+        Ok(identity) => identity,
+        Err(e) => return error_reply(&Value::Null, &e),
+    };
     let Some(id) = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) else {
         let e = RpcError::transport(
             400,
@@ -542,7 +550,16 @@ async fn end_session(State(mcp): State<Arc<Mcp>>, headers: HeaderMap) -> Respons
         );
         return error_reply(&Value::Null, &e);
     };
-    match mcp.config.sessions.close(id).await {
+    // Only its holder ends a session; to anyone else it is not there.
+    let held = match mcp.config.sessions.get(id).await {
+        Ok(session) => session.is_some_and(|s| s.holder == identity.name()),
+        Err(e) => return error_reply(&Value::Null, &session::unavailable(&e)),
+    };
+    let closed = match held {
+        true => mcp.config.sessions.close(id).await,
+        false => Ok(false),
+    };
+    match closed {
         Ok(true) => {
             tracing::info!(session = id, "MCP session ended");
             StatusCode::NO_CONTENT.into_response()

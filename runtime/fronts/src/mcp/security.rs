@@ -96,16 +96,17 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<Identity, RpcErr
     let given = text(header::AUTHORIZATION)
         .and_then(crate::http::bearer_token)
         .unwrap_or("");
-    // `--mcp-bearer-token` when given, else the native API's tokens.
-    let identity = match &config.bearer_token {
-        Some(token) => {
-            same(&sha256(given), &sha256(token)).then(|| Identity::agent(MCP_TOKEN_IDENTITY))
-        }
-        None if !config.api_tokens.required() => Some(Identity::anonymous()),
-        None => config
-            .api_tokens
-            .accepts(given)
-            .then(|| Identity::operator(crate::http::auth::API_TOKEN_IDENTITY)),
+    // `--mcp-bearer-token` is the agent's; the native API's tokens are
+    // the operator's here too. With neither configured, `/mcp` is open.
+    let own = config.bearer_token.as_deref();
+    let identity = if own.is_some_and(|token| same(&sha256(given), &sha256(token))) {
+        Some(Identity::agent(MCP_TOKEN_IDENTITY))
+    } else if config.api_tokens.accepts(given) {
+        Some(Identity::operator(crate::http::auth::API_TOKEN_IDENTITY))
+    } else if own.is_none() && !config.api_tokens.required() {
+        Some(Identity::anonymous())
+    } else {
+        None
     };
     identity.ok_or_else(|| {
         RpcError::transport(
@@ -229,8 +230,8 @@ mod tests {
         assert!(check(&config, &h).is_ok());
     }
 
-    /// Without a token of its own, `/mcp` takes the native API's tokens;
-    /// with one, only its own.
+    /// `/mcp` takes the native API's tokens (the operator's), beside its
+    /// own token when it has one (the agent's).
     #[test]
     fn the_api_tokens_guard_mcp_unless_it_has_its_own() {
         let api_token = "agents-token-0123456789";
@@ -260,13 +261,12 @@ mod tests {
             api_tokens,
             ..McpConfig::default()
         };
-        assert_eq!(
-            check(&own, &with(Some(&api_bearer)))
-                .unwrap_err()
-                .http_status,
-            401
-        );
-        assert!(check(&own, &with(Some("Bearer s3cret"))).is_ok());
+        let operator = check(&own, &with(Some(&api_bearer))).unwrap();
+        assert_eq!(operator.reach(), crate::identity::Reach::Everywhere);
+        let agent = check(&own, &with(Some("Bearer s3cret"))).unwrap();
+        assert_eq!(agent.name(), MCP_TOKEN_IDENTITY);
+        assert_eq!(agent.reach(), crate::identity::Reach::OwnThreads);
+        assert_eq!(check(&own, &with(None)).unwrap_err().http_status, 401);
         assert!(check(&McpConfig::default(), &with(None)).is_ok());
     }
 }

@@ -60,11 +60,23 @@ impl Context {
         self.session.is_none()
     }
 
+    /// The thread of the session's calls that name none: a digest of its
+    /// id, so that listing threads or reading a task id shows no session
+    /// id (which would let its reader speak in the session).
+    pub fn session_thread(&self) -> Option<String> {
+        self.session.as_deref().map(thread_of_session)
+    }
+
     /// Tasks (`execution.taskSupport`, `tasks/*`) are a 2025-11-25 feature;
     /// 2026-07-28 moved them out of the core protocol.
     pub fn tasks(&self) -> bool {
         self.version == HANDSHAKE_VERSIONS[0]
     }
+}
+
+/// The thread of session `id` ([`Context::session_thread`]).
+pub fn thread_of_session(id: &str) -> String {
+    format!("mcp-session-{}", crate::digest::sha256_hex(id, 16))
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -78,9 +90,11 @@ pub async fn in_session(
     identity: &Identity,
 ) -> Option<Result<Context, RpcError>> {
     let id = header(headers, SESSION_HEADER)?;
-    let version = match sessions.version(id).await {
-        Ok(Some(version)) => version,
-        Ok(None) => {
+    let version = match sessions.get(id).await {
+        // A session serves the identity that opened it; to any other it
+        // is as unknown as one that never was.
+        Ok(Some(session)) if session.holder == identity.name() => session.version,
+        Ok(_) => {
             return Some(Err(RpcError::transport(
                 404,
                 SESSION_NOT_FOUND,

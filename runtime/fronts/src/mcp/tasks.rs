@@ -141,7 +141,7 @@ pub async fn list(
     let invalid = |after: &str| {
         RpcError::invalid_params(format!("invalid cursor: it names no task ({after:?})"))
     };
-    let Some(group_id) = explicit.or_else(|| ctx.session.clone()) else {
+    let Some(group_id) = explicit.or_else(|| ctx.session_thread()) else {
         return match after {
             Some(after) => Err(invalid(&after)),
             None => Ok(json!({"tasks": []})),

@@ -190,10 +190,14 @@ pub fn placement(ctx: &Context, params: &Map<String, Value>) -> Result<Placement
     // A call the client named has a thread named after it, in a session
     // too: its retry meets the call (one dispatch) from any session, also
     // from the new one a client opens after Ferry restarted.
-    let group_id = match (string(GROUP_ID_META)?, string(CALL_ID_META)?, &ctx.session) {
+    let group_id = match (
+        string(GROUP_ID_META)?,
+        string(CALL_ID_META)?,
+        ctx.session_thread(),
+    ) {
         (Some(g), _, _) => g,
         (None, Some(id), _) => format!("mcp-call-{}", named_thread(&id)),
-        (None, None, Some(session)) => session.clone(),
+        (None, None, Some(session)) => session,
         (None, None, None) => format!("mcp-call-{}", uuid::Uuid::new_v4().simple()),
     };
     Ok(Placement {

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use lru::LruCache;
 use tokio::sync::OnceCell;
 
-use ferry_engine::sessions::{new_id, Sessions, Unavailable, IDLE, MAX_SESSIONS};
+use ferry_engine::sessions::{new_id, Session, Sessions, Unavailable, IDLE, MAX_SESSIONS};
 
 pub const BUCKET: &str = "ferry_mcp_sessions";
 
@@ -131,21 +131,26 @@ fn valid_key(id: &str) -> bool {
 
 #[async_trait::async_trait]
 impl Sessions for SharedSessions {
-    async fn open(&self, version: &str) -> Result<String, Unavailable> {
+    async fn open(&self, version: &str, holder: &str) -> Result<String, Unavailable> {
         let id = new_id();
+        let session = Session {
+            version: version.to_owned(),
+            holder: holder.to_owned(),
+        };
+        let value = serde_json::to_vec(&session).map_err(unavailable)?;
         self.bucket()?
-            .create(&id, Bytes::copy_from_slice(version.as_bytes()))
+            .create(&id, Bytes::from(value))
             .await
             .map_err(unavailable)?;
         self.due(&id);
         Ok(id)
     }
 
-    async fn version(&self, id: &str) -> Result<Option<String>, Unavailable> {
+    async fn get(&self, id: &str) -> Result<Option<Session>, Unavailable> {
         let Some((bucket, entry)) = self.live(id).await? else {
             return Ok(None);
         };
-        let Ok(version) = String::from_utf8(entry.value.to_vec()) else {
+        let Ok(session) = serde_json::from_slice::<Session>(&entry.value) else {
             return Ok(None);
         };
         if self.due(id) {
@@ -156,7 +161,7 @@ impl Sessions for SharedSessions {
                 tracing::debug!(session = id, error = %e, "MCP session not refreshed");
             }
         }
-        Ok(Some(version))
+        Ok(Some(session))
     }
 
     async fn close(&self, id: &str) -> Result<bool, Unavailable> {
