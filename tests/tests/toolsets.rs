@@ -1028,3 +1028,47 @@ async fn a_discovery_document_past_the_bound_is_refused_as_it_arrives() {
     }
     nothing_registered(&api).await;
 }
+
+/// A manifest's `endpoint` on another origin than the base URL it was
+/// fetched from would send Ferry's invocations (arguments, callback URLs)
+/// to a host the operator never named: refused, nothing registered.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_endpoint_on_another_origin_is_refused() {
+    for endpoint in [
+        "http://169.254.169.254/latest/meta-data",
+        "http://127.0.0.1:1/invoke",
+        "https://127.0.0.1/invoke",
+    ] {
+        let message = invalid_document_registers_nothing(json!({
+            "name": "Bad", "endpoint": endpoint, "tools": [ok_tool()]
+        }))
+        .await;
+        assert!(
+            message.contains("is not on the tool server's origin"),
+            "{endpoint}: {message}"
+        );
+    }
+}
+
+/// A port that answers something other than a RAP manifest is refused
+/// without its answer being given back: registering a toolset must not
+/// read what internal services say.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_non_manifest_document_says_is_not_echoed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/.well-known/rap-toolset",
+        axum::routing::get(|| async { r#"{"internal": "db-password-hunter2"}"# }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let ferry = Ferry::start(FerryOptions::default()).await;
+    let api = ferry.api();
+    let message = refused(&api.register(&url).await, 422, "invalid_toolset");
+    assert!(
+        message.contains("is not a RAP toolset manifest"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    nothing_registered(&api).await;
+}

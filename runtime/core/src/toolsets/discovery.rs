@@ -58,23 +58,58 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// The manifest a discovery document holds, checked as published
-/// (`rap-3`); `shown` is the document's URL as errors may show it.
-pub fn read_manifest(shown: &str, body: &[u8]) -> Result<Manifest, DiscoveryError> {
-    let manifest: Manifest = serde_json::from_slice(body).map_err(|e| DiscoveryError::Invalid {
+/// What a document that is no RAP manifest is refused with. The parser's
+/// words are given back only when they quote nothing of it: whoever
+/// may register a toolset could read what any port inside the network
+/// answers by naming it as a tool server.
+pub const NOT_A_MANIFEST: &str = "it is not a RAP toolset manifest (a JSON object with \
+     name, endpoint and tools: what GET /.well-known/rap-toolset of a RAP tool server answers)";
+
+/// The manifest a discovery document fetched from `base` holds, checked as
+/// published (`rap-3`), with its `endpoint` on the base's origin;
+/// `shown` is the document's URL as errors may show it.
+pub fn read_manifest(base: &str, shown: &str, body: &[u8]) -> Result<Manifest, DiscoveryError> {
+    let invalid = |reason: String| DiscoveryError::Invalid {
         url: shown.to_owned(),
-        reason: e.to_string(),
+        reason,
+    };
+    let manifest: Manifest = serde_json::from_slice(body).map_err(|e| {
+        // The parser's word on the document's shape ("missing field
+        // `inputSchema`") helps a tool's author; one that quotes a value
+        // would hand back what the document holds.
+        let said = e.to_string();
+        let reason = match e.classify() {
+            serde_json::error::Category::Data if !said.contains('"') => {
+                format!("{NOT_A_MANIFEST}: {said}")
+            }
+            _ => NOT_A_MANIFEST.to_owned(),
+        };
+        invalid(reason)
     })?;
-    check_published(&manifest).map_err(|problems| DiscoveryError::Invalid {
-        url: shown.to_owned(),
-        reason: problems.join("; "),
-    })?;
+    check_published(&manifest).map_err(|problems| invalid(problems.join("; ")))?;
+    check_endpoint(base, &manifest.endpoint).map_err(invalid)?;
     Ok(manifest)
+}
+
+/// A manifest's `endpoint` must be on its base URL's origin (scheme, host
+/// and port): a tool server may not send Ferry's invocations, arguments
+/// and callback URLs to another host, or Ferry to an address the base URL
+/// did not name.
+pub fn check_endpoint(base: &str, endpoint: &str) -> Result<(), String> {
+    let origin = |url: &str| url::Url::parse(url).ok().map(|u| u.origin());
+    match (origin(base), origin(endpoint)) {
+        (Some(base_origin), Some(endpoint_origin)) if base_origin == endpoint_origin => Ok(()),
+        _ => Err(format!(
+            "endpoint {:?} is not on the tool server's origin {:?}",
+            redacted(endpoint),
+            origin(base).map_or_else(|| redacted(base), |o| o.ascii_serialization())
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{check_base_url, redacted};
+    use super::{check_base_url, check_endpoint, read_manifest, redacted, NOT_A_MANIFEST};
 
     #[test]
     fn a_base_url_is_http_with_a_host_and_nothing_after_its_path() {
@@ -104,6 +139,47 @@ mod tests {
         for bad in ["http://user:secret@[::1/", "http://user:secret@h/?x"] {
             let problem = check_base_url(bad).unwrap_err();
             assert!(!problem.contains("secret"), "{problem}");
+        }
+    }
+
+    #[test]
+    fn an_endpoint_must_be_on_its_base_urls_origin() {
+        for (base, endpoint) in [
+            ("http://h:9", "http://h:9/invoke"),
+            ("http://user:pw@h:9/base", "http://h:9/other/invoke"),
+            ("https://h", "https://h:443/rap"),
+        ] {
+            assert_eq!(check_endpoint(base, endpoint), Ok(()), "{base} {endpoint}");
+        }
+        for (base, endpoint) in [
+            ("http://h:9", "http://h:10/invoke"),
+            ("http://h:9", "https://h:9/invoke"),
+            ("http://h:9", "http://169.254.169.254/latest"),
+            ("http://h:9", "http://user:secret@other/invoke"),
+            ("http://h:9", "not a url"),
+        ] {
+            let problem = check_endpoint(base, endpoint).unwrap_err();
+            assert!(
+                problem.contains("is not on the tool server's origin"),
+                "{problem}"
+            );
+            assert!(!problem.contains("secret"), "{problem}");
+        }
+    }
+
+    /// A document that is no manifest is refused without a word of it.
+    #[test]
+    fn what_a_non_manifest_says_is_not_given_back() {
+        for body in [
+            &b"SSH-2.0-OpenSSH_9.6 internal-build-secret"[..],
+            br#"{"redis_password": "internal-secret"}"#,
+            br#"["internal-secret"]"#,
+        ] {
+            let refused = read_manifest("http://h", "http://h/.well-known/rap-toolset", body)
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains(NOT_A_MANIFEST), "{refused}");
+            assert!(!refused.contains("secret"), "{refused}");
         }
     }
 

@@ -11,7 +11,10 @@ use ferry_proto::rap::Manifest;
 use ferry_proto::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
-pub use discovery::{check_base_url, read_manifest, redacted, DiscoveryError, MAX_MANIFEST_BYTES};
+pub use discovery::{
+    check_base_url, check_endpoint, read_manifest, redacted, DiscoveryError, MAX_MANIFEST_BYTES,
+    NOT_A_MANIFEST,
+};
 pub use policy::{
     ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS,
 };

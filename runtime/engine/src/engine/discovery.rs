@@ -53,5 +53,5 @@ pub async fn fetch_manifest(
         }
         body.extend_from_slice(&chunk);
     }
-    Ok((base, read_manifest(&shown, &body)?))
+    Ok((base.clone(), read_manifest(&base, &shown, &body)?))
 }
