@@ -53,6 +53,8 @@ pub struct RuntimeOptions {
     pub api_tokens: ApiTokens,
     /// How long a stopping node waits for the requests still running.
     pub drain: Duration,
+    /// The connection cap and each connection's clocks.
+    pub limits: crate::listener::Limits,
 }
 
 #[derive(Debug, Clone)]
@@ -393,6 +395,7 @@ pub async fn start_runtime(
         engine.clone(),
         shutdown,
         options.drain,
+        options.limits,
     ));
     info!(%addr, "ferry runtime listening");
     Ok((RunningRuntime { addr, engine }, server))

@@ -5,6 +5,7 @@ pub mod args;
 pub mod bench;
 pub mod cluster;
 pub mod demo_tool;
+pub mod listener;
 pub mod operator;
 pub mod serve;
 pub mod tool_servers;

@@ -16,6 +16,7 @@ use ferry_fronts::http::auth::ApiTokens;
 use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
+use ferry_ops::listener;
 use ferry_ops::operator::{self, Operator};
 use ferry_ops::serve::{start, ServeOptions};
 use tracing_subscriber::EnvFilter;
@@ -92,7 +93,49 @@ struct Serve {
     #[command(flatten)]
     dispatch: DispatchArgs,
     #[command(flatten)]
+    connections: ConnectionArgs,
+    #[command(flatten)]
     drain: DrainArgs,
+}
+
+/// How many connections the HTTP API serves at once, and how long each may
+/// take to send a request, on `serve` and on cluster runtime nodes.
+#[derive(Args)]
+struct ConnectionArgs {
+    /// Connections served at once; more wait to be accepted until one
+    /// closes (default: half the process's open-file limit, after 64).
+    #[arg(long, env = "FERRY_MAX_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(listener::MAX_CONNECTIONS)))]
+    max_connections: Option<u32>,
+    /// How long a client may take to send a request's header, from the
+    /// connection's start or the first byte after an idle spell, in
+    /// milliseconds; then the connection is closed.
+    #[arg(long, default_value_t = listener::HEADER_TIMEOUT.as_millis() as u64,
+          env = "FERRY_HEADER_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_ms: u64,
+    /// How long a client may take to send a request's body, from the end
+    /// of its header, in milliseconds; then it is answered 408.
+    #[arg(long, default_value_t = listener::BODY_TIMEOUT.as_millis() as u64,
+          env = "FERRY_BODY_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_ms: u64,
+    /// How long a connection may wait for its next request, in
+    /// milliseconds; then it is closed.
+    #[arg(long, default_value_t = listener::IDLE_TIMEOUT.as_millis() as u64,
+          env = "FERRY_IDLE_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_ms: u64,
+}
+
+impl ConnectionArgs {
+    fn limits(&self) -> listener::Limits {
+        listener::Limits {
+            header: Duration::from_millis(self.header_timeout_ms),
+            body: Duration::from_millis(self.body_timeout_ms),
+            idle: Duration::from_millis(self.idle_timeout_ms),
+            max_connections: self
+                .max_connections
+                .map_or_else(listener::default_max_connections, |n| n as usize),
+        }
+    }
 }
 
 /// The native API's tokens and the MCP and OXP fronts, on `serve` and on
@@ -305,6 +348,8 @@ struct Runtime {
     #[command(flatten)]
     fronts: FrontArgs,
     #[command(flatten)]
+    connections: ConnectionArgs,
+    #[command(flatten)]
     drain: DrainArgs,
 }
 
@@ -442,6 +487,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
         drain: args.drain.drain(),
+        limits: args.connections.limits(),
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // Lines on stdout for scripts and tests: where the demo tool and Ferry
@@ -467,6 +513,7 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
         drain: args.drain.drain(),
+        limits: args.connections.limits(),
     };
     let (running, server) = start_runtime(options, Some(render), shutdown_signal()).await?;
     // The same announcement as `serve`, for scripts and tests.

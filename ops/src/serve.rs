@@ -2,14 +2,12 @@
 //! (sled plus the in-process bus), assembled from the runtime and worker
 //! crates.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::LocalBus;
 use ferry_engine::token::Capabilities;
@@ -45,6 +43,8 @@ pub struct ServeOptions {
     /// How long a stopping process waits for the requests still running
     /// ([`serve_http`]).
     pub drain: Duration,
+    /// The connection cap and each connection's clocks.
+    pub limits: crate::listener::Limits,
 }
 
 impl Default for ServeOptions {
@@ -62,6 +62,7 @@ impl Default for ServeOptions {
             mcp: Default::default(),
             api_tokens: ApiTokens::default(),
             drain: DRAIN,
+            limits: crate::listener::Limits::default(),
         }
     }
 }
@@ -280,6 +281,7 @@ pub async fn start(
         engine.clone(),
         shutdown,
         options.drain,
+        options.limits,
     ));
     info!(%addr, %public_url, "ferry listening");
     Ok((
@@ -305,13 +307,15 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 /// Serves `app` until `shutdown` resolves, then stops taking connections,
 /// ends the engine's open streams and long waits (they would hold a
 /// graceful shutdown open for as long as their agents stay), and waits up
-/// to `drain` for the requests still running.
+/// to `drain` for the requests still running. Connections are served
+/// within `limits` ([`crate::listener`]).
 pub(crate) async fn serve_http(
     listener: TcpListener,
     app: axum::Router,
     engine: Arc<Engine>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     drain: Duration,
+    limits: crate::listener::Limits,
 ) -> anyhow::Result<()> {
     // The drain's clock starts when the readers are told to stop.
     let drained = {
@@ -326,11 +330,9 @@ pub(crate) async fn serve_http(
         info!("stopping: open streams and long waits end now");
         engine.stop_readers();
     };
-    let serving = axum::serve(listener.tap_io(no_delay), app)
-        .with_graceful_shutdown(shutdown)
-        .into_future();
+    info!(?limits, "connection limits");
     tokio::select! {
-        served = serving => served.context("serving HTTP")?,
+        () = crate::listener::serve(listener, app, limits, shutdown) => {}
         () = drained => warn!(?drain, "requests still open after the drain; stopping anyway"),
     }
     // Everything acknowledged was flushed before it was answered.

@@ -76,6 +76,8 @@ pub struct FerryOptions {
     /// Where the process's log (stderr, at `info`) goes, when a test reads
     /// it; otherwise it is inherited at `warn` (or `FERRY_TEST_LOG`).
     pub log: Option<PathBuf>,
+    /// The process's open-file limit (`ulimit -n`), when a test sets one.
+    pub open_files: Option<u64>,
 }
 
 impl Default for FerryOptions {
@@ -91,6 +93,7 @@ impl Default for FerryOptions {
             demo: false,
             tool_servers: vec![],
             log: None,
+            open_files: None,
             command: "serve",
         }
     }
@@ -157,7 +160,17 @@ impl Ferry {
     }
 
     async fn spawn(&mut self) {
-        let mut cmd = Command::new(binary());
+        let mut cmd = match self.options.open_files {
+            // The shell lowers its limit, then becomes ferry (same pid).
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(binary());
+                sh
+            }
+            None => Command::new(binary()),
+        };
         cmd.arg(self.options.command)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))

@@ -11,6 +11,7 @@ mod calls;
 mod chaos;
 mod choices;
 mod cluster;
+mod connections;
 mod dashboard;
 mod dispatch;
 mod durability;

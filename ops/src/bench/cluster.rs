@@ -183,6 +183,7 @@ pub async fn deploy(
             mcp: Default::default(),
             api_tokens: Default::default(),
             drain: crate::serve::DRAIN,
+            limits: Default::default(),
         };
         let (running, server) = start_runtime(options, None, std::future::pending()).await?;
         bases.push(format!("http://{}", running.addr));

@@ -1,6 +1,7 @@
 //! Request bodies, read with the configured size limit and refused in the
 //! API's error shape: 413 for a body over the limit, 400 `invalid_json` for
-//! malformed JSON, 400 `invalid_request` for JSON of the wrong shape.
+//! malformed JSON, 400 `invalid_request` for JSON of the wrong shape, 408
+//! `request_timeout` for a body that did not arrive in time.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -46,6 +47,22 @@ impl From<BodyError> for ApiError {
     }
 }
 
+/// Why a body could not be read: 408 when it did not arrive in time (the
+/// listener's deadline fails it as `io::ErrorKind::TimedOut`), else 400.
+fn unreadable(e: &axum::Error) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        let timed_out = error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+        if timed_out {
+            return ApiError::new(ErrorCode::RequestTimeout, error.to_string());
+        }
+        source = error.source();
+    }
+    ApiError::new(ErrorCode::InvalidRequest, format!("reading the body: {e}"))
+}
+
 /// Reads the whole body if it fits in `limit` bytes.
 pub async fn read_bytes(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     Ok(read_body(req, limit, false).await?)
@@ -69,12 +86,7 @@ pub async fn read_body(req: Request, limit: usize, mut peek: bool) -> Result<Byt
     let mut seen = 0usize;
     let mut peeker: Option<Peeker> = None;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            BodyError::Unreadable(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!("reading the body: {e}"),
-            ))
-        })?;
+        let chunk = chunk.map_err(|e| BodyError::Unreadable(unreadable(&e)))?;
         seen += chunk.len();
         if seen > drain_limit {
             break;
@@ -277,5 +289,26 @@ mod tests {
         let again = read_body(post(body), 16, true).await;
         assert!(matches!(again, Err(BodyError::TooLarge { peek: Some(_) })));
         assert_eq!(PEEKERS.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_off_for_time_is_a_408_and_one_broken_a_400() {
+        let failing = |error: std::io::Error| {
+            let chunks = vec![Ok(Bytes::from_static(b"{")), Err(error)];
+            Request::post("/")
+                .body(Body::from_stream(futures::stream::iter(chunks)))
+                .unwrap()
+        };
+        let late = std::io::Error::new(std::io::ErrorKind::TimedOut, "did not arrive within 1s");
+        let refused = read_bytes(failing(late), 1 << 10).await.unwrap_err();
+        assert_eq!(
+            refused.status,
+            super::super::status_of(ErrorCode::RequestTimeout)
+        );
+        assert_eq!(refused.body.error.code, "request_timeout");
+        assert!(refused.body.error.message.contains("within 1s"));
+        let broken = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let refused = read_bytes(failing(broken), 1 << 10).await.unwrap_err();
+        assert_eq!(refused.body.error.code, "invalid_request");
     }
 }

@@ -63,6 +63,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NotDispatched
         | C::NotAwaitingChoice
         | C::TooManyViews => S::CONFLICT,
+        C::RequestTimeout => S::REQUEST_TIMEOUT,
         C::SubscriptionGone => S::GONE,
         C::PayloadTooLarge | C::ViewsTooLarge => S::PAYLOAD_TOO_LARGE,
         C::InvalidArguments
