@@ -126,6 +126,20 @@ async fn the_public_urls_host_and_origin_are_accepted() {
 const OPERATOR_TOKEN: &str = "operator-token-0123456789";
 const AGENT_TOKEN: &str = "mcp-agent-token-0123456789";
 
+/// A demo Ferry with two identities at `/mcp`: the operator (an
+/// `--api-token`) and an agent (`--mcp-bearer-token`).
+async fn with_operator_and_agent() -> Ferry {
+    let mut options = FerryOptions {
+        demo: true,
+        ..FerryOptions::default()
+    }
+    .api_token(OPERATOR_TOKEN);
+    options
+        .args
+        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
+    Ferry::start(options).await
+}
+
 /// A `tools/call` of the demo's gated `drop_table` with `meta` (2026-07-28
 /// envelope), as the agent holding only the MCP bearer token.
 async fn agent_drops(agent: &Raw, meta: Value) -> Value {
@@ -172,15 +186,7 @@ async fn waits_for_a_reviewer(agent: &Raw, operator: &Api, g: &str, id: &str) {
 /// trace. (docs/api.md, "Identities".)
 #[tokio::test]
 async fn an_agent_cannot_borrow_another_identitys_grant() {
-    let mut options = FerryOptions {
-        demo: true,
-        ..FerryOptions::default()
-    }
-    .api_token(OPERATOR_TOKEN);
-    options
-        .args
-        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
-    let ferry = Ferry::start(options).await;
+    let ferry = with_operator_and_agent().await;
     let operator = Api::with_token(&ferry.url, OPERATOR_TOKEN);
     // The operator's thread `ops` holds a standing grant for drop_table.
     let (status, body) = operator
@@ -267,15 +273,7 @@ async fn an_agent_cannot_borrow_another_identitys_grant() {
 /// after its id, so reading threads shows no session id.
 #[tokio::test]
 async fn a_session_serves_only_the_credential_that_opened_it() {
-    let mut options = FerryOptions {
-        demo: true,
-        ..FerryOptions::default()
-    }
-    .api_token(OPERATOR_TOKEN);
-    options
-        .args
-        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
-    let ferry = Ferry::start(options).await;
+    let ferry = with_operator_and_agent().await;
     let mut agent = Raw::with_bearer(&ferry, AGENT_TOKEN);
     agent.initialize("2025-11-25").await;
     let session = agent.session.clone().unwrap();
