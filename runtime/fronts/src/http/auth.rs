@@ -4,9 +4,10 @@
 //! the dashboard's page (whose requests carry the token) must send
 //! `Authorization: Bearer <one of the tokens>`, or get 401 and change
 //! nothing. Several tokens may be accepted at once, so that one can be
-//! rotated without a gap. The MCP and OXP fronts take the same tokens
-//! when they are given no credentials of their own, so that setting a
-//! token never leaves another way in open.
+//! rotated without a gap. `/mcp` takes the same tokens, beside its own,
+//! and OXP when it is given no credentials of its own, so that setting a
+//! token never leaves another way in open. Whoever holds one is the
+//! operator identity [`API_TOKEN_IDENTITY`], which acts in every thread.
 
 use ferry_proto::ErrorCode;
 use std::sync::Arc;
