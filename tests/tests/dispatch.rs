@@ -113,16 +113,31 @@ async fn other_non_200_answers_end_the_call() {
 
 #[tokio::test]
 async fn a_tool_that_refuses_connections_fails_after_the_retries() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    // Register while it answers, then point the endpoint at a closed port.
-    let tool = TestTool::with_manifest(
-        json!({"name": "gone", "endpoint": format!("http://127.0.0.1:{port}/invoke"),
-        "tools": [{"name": "op", "description": "", "inputSchema": {"type": "object"}}]}),
-    )
-    .await;
-    drop(closed);
-    let ferry = ferry_with(&tool, &["--max-attempts", "3"]).await;
+    // A tool server that answers discovery, closing each connection after
+    // its answer, and is gone by the time its endpoint (on the same
+    // origin, as Ferry requires) is called.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let manifest = json!({"name": "gone", "endpoint": format!("{url}/invoke"),
+        "tools": [{"name": "op", "description": "", "inputSchema": {"type": "object"}}]});
+    let discovery = axum::Router::new().route(
+        "/.well-known/rap-toolset",
+        axum::routing::get(move || {
+            let manifest = manifest.clone();
+            async move { ([("connection", "close")], axum::Json(manifest)) }
+        }),
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, discovery).await });
+    let mut options = FerryOptions {
+        tool_servers: vec![url],
+        ..FerryOptions::default()
+    };
+    options
+        .args
+        .extend(["--max-attempts".to_owned(), "3".to_owned()]);
+    let ferry = Ferry::start(options).await;
+    server.abort();
+    let _ = server.await;
     let api = ferry.api();
     api.submit(json!({"operation": "op", "arguments": {}, "group_id": "g", "id": "c"}))
         .await;
