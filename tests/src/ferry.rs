@@ -101,6 +101,16 @@ impl Default for FerryOptions {
 
 impl FerryOptions {
     /// These options, with `--api-token token` added (repeatable).
+    /// `ferry serve --demo` with `args` besides the harness's own.
+    pub fn demo_with(args: &[&str]) -> Self {
+        let mut options = Self {
+            demo: true,
+            ..Self::default()
+        };
+        options.args.extend(args.iter().map(|a| a.to_string()));
+        options
+    }
+
     pub fn api_token(mut self, token: &str) -> Self {
         self.args.extend(["--api-token".into(), token.into()]);
         self

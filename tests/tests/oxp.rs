@@ -51,15 +51,6 @@ async fn call(ferry: &Ferry, tool_id: &str, input: Value, extra: &[&str]) -> Val
     client(ferry, &args).await
 }
 
-fn demo_with(args: &[&str]) -> FerryOptions {
-    let mut options = FerryOptions {
-        demo: true,
-        ..FerryOptions::default()
-    };
-    options.args.extend(args.iter().map(|a| a.to_string()));
-    options
-}
-
 /// An OXP `ServerErrorResponse` (or 401) answer from the client's output.
 fn server_error(out: &Value, status: u16) -> &Value {
     assert_eq!(out["ok"], false, "{out}");
@@ -347,7 +338,7 @@ async fn a_retry_reaches_its_call_after_the_toolset_versions_change() {
 
 #[tokio::test]
 async fn a_gated_call_waits_and_its_call_id_attaches_to_the_same_call() {
-    let ferry = Ferry::start(demo_with(&["--oxp-wait-secs", "1"])).await;
+    let ferry = Ferry::start(FerryOptions::demo_with(&["--oxp-wait-secs", "1"])).await;
     let api = ferry.api();
     let args = ["--call-id", "drop-1", "--user-id", "ops"];
     let input = json!({"table": "users"});
@@ -407,7 +398,7 @@ const JWT_SECRET: &str = "oxp-test-shared-secret-0123456789";
 
 #[tokio::test]
 async fn auth_takes_a_short_lived_jwt_or_an_api_key() {
-    let ferry = Ferry::start(demo_with(&[
+    let ferry = Ferry::start(FerryOptions::demo_with(&[
         "--oxp-jwt-secret",
         JWT_SECRET,
         "--oxp-jwt-audience",
@@ -597,7 +588,7 @@ async fn names_oxp_cannot_write_are_mapped_and_never_merged() {
 async fn an_oxp_caller_cannot_borrow_another_users_grant() {
     const OPERATOR_TOKEN: &str = "operator-token-0123456789";
     let ferry = Ferry::start(
-        demo_with(&[
+        FerryOptions::demo_with(&[
             "--oxp-api-key",
             "key-123",
             "--oxp-jwt-secret",

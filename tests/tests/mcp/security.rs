@@ -129,15 +129,8 @@ const AGENT_TOKEN: &str = "mcp-agent-token-0123456789";
 /// A demo Ferry with two identities at `/mcp`: the operator (an
 /// `--api-token`) and an agent (`--mcp-bearer-token`).
 async fn with_operator_and_agent() -> Ferry {
-    let mut options = FerryOptions {
-        demo: true,
-        ..FerryOptions::default()
-    }
-    .api_token(OPERATOR_TOKEN);
-    options
-        .args
-        .extend(["--mcp-bearer-token".to_owned(), AGENT_TOKEN.to_owned()]);
-    Ferry::start(options).await
+    let options = FerryOptions::demo_with(&["--mcp-bearer-token", AGENT_TOKEN]);
+    Ferry::start(options.api_token(OPERATOR_TOKEN)).await
 }
 
 /// A `tools/call` of the demo's gated `drop_table` with `meta` (2026-07-28
