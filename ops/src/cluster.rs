@@ -12,7 +12,7 @@ use anyhow::Context;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::InTheLog;
 use ferry_engine::store::deferred::Deferred;
-use ferry_engine::store::{Store, ToolsetStore};
+use ferry_engine::store::{CatalogStore, Store};
 use ferry_engine::token::Capabilities;
 use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
@@ -220,7 +220,7 @@ async fn jetstream_store(
 
 /// The engine both roles run, on `store`; the commits it writes are the
 /// workers' work.
-fn engine<S: Store + ToolsetStore>(
+fn engine<S: Store + CatalogStore>(
     options: &ClusterOptions,
     public_url: &str,
     store: Arc<S>,
@@ -245,17 +245,22 @@ fn engine<S: Store + ToolsetStore>(
     ))
 }
 
-/// Loads the toolsets into the engine now and whenever any process changes
-/// one (toolsets registered through any node reach every process).
-async fn follow_toolsets(engine: &Arc<Engine>, store: &JetStreamStore) -> anyhow::Result<()> {
+/// Loads the toolsets and the named tokens into the engine now and
+/// whenever any process changes one (a toolset registered or a token
+/// revoked through any node reaches every process).
+async fn follow_catalog(engine: &Arc<Engine>, store: &JetStreamStore) -> anyhow::Result<()> {
     engine.load_toolsets().await?;
-    let mut changed = store.toolsets_changed();
+    engine.load_tokens().await?;
+    let mut changed = store.catalog_changed();
     let weak = Arc::downgrade(engine);
     tokio::spawn(async move {
         while changed.changed().await.is_ok() {
             let Some(engine) = weak.upgrade() else { return };
             if let Err(e) = engine.load_toolsets().await {
                 warn!(error = %e, "reloading toolsets failed");
+            }
+            if let Err(e) = engine.load_tokens().await {
+                warn!(error = %e, "reloading tokens failed");
             }
         }
     });
@@ -313,7 +318,7 @@ async fn attach(
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     loop {
-        match follow_toolsets(&engine, &jetstream).await {
+        match follow_catalog(&engine, &jetstream).await {
             Ok(()) => break,
             Err(e) => {
                 warn!(error = %e, "loading the toolsets failed; retrying");
@@ -432,7 +437,7 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         )?
         .with_acknowledgements(Acknowledgements::AfterGrace(DISPATCH_GRACE)),
     );
-    follow_toolsets(&engine, &store).await?;
+    follow_catalog(&engine, &store).await?;
     ferry_engine::metrics::describe();
     engine.start_timers();
     let sweeper = engine.clone();

@@ -234,6 +234,7 @@ pub async fn start(
     ferry_store_sled::commit::describe();
     let loaded = engine.load_toolsets().await?;
     info!(toolsets = loaded.len(), "toolsets loaded");
+    engine.load_tokens().await?;
 
     let demo_url = if options.demo {
         let demo = demo_listener(&options.data).await?;
@@ -361,10 +362,11 @@ pub(crate) fn protocol_fronts(
     mcp: &ferry_fronts::mcp::McpConfig,
     api_tokens: &ApiTokens,
 ) -> axum::Router {
+    let api_tokens = api_tokens.clone().with_named(engine.clone());
     let mut oxp = oxp.clone();
     oxp.auth.api_tokens = api_tokens.clone();
     let mut mcp = mcp.clone();
-    mcp.api_tokens = api_tokens.clone();
+    mcp.api_tokens = api_tokens;
     if let Some(authority) = public_url
         .split("://")
         .nth(1)

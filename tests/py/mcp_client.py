@@ -1,7 +1,7 @@
 """Drives Ferry's /mcp with the official MCP Python SDK and prints what it
 saw as one JSON object on stdout, for the Rust integration tests to check.
 
-    python mcp_client.py URL MODE SCENARIO [GROUP_ID]
+    python mcp_client.py URL MODE SCENARIO [GROUP_ID] [--bearer TOKEN]
 
 MODE is the SDK's connect mode: "auto" (probe server/discover, fall back to
 initialize) or "legacy" (the initialize handshake); "future" is "auto" with
@@ -12,6 +12,10 @@ so that its probe fails and it falls back to initialize. SCENARIO:
   echo with invalid arguments, call an unknown tool.
 - gated: call drop_table in thread GROUP_ID with a progress callback; the
   test decides the approval while this waits.
+- list: list every tool (following cursors), and call drop_table, which
+  the credential may not call.
+
+--bearer TOKEN sends `Authorization: Bearer TOKEN` with every request.
 """
 
 import asyncio
@@ -49,6 +53,14 @@ async def basic(client, out):
         out["unknown"] = {"code": e.code, "message": e.error.message}
 
 
+async def listed(client, out):
+    out["tools"], out["pages"] = await list_all(client)
+    try:
+        out["drop_table"] = dump(await client.call_tool("drop_table", {"table": "t"}))
+    except MCPError as e:
+        out["drop_table"] = {"code": e.code, "message": e.error.message}
+
+
 async def gated(client, out, group_id):
     progress = []
 
@@ -75,18 +87,33 @@ def pretend_a_future_revision():
 
 
 async def main():
-    url, mode, scenario = sys.argv[1:4]
+    args = sys.argv[1:]
+    bearer = None
+    if "--bearer" in args:
+        at = args.index("--bearer")
+        bearer = args[at + 1]
+        del args[at : at + 2]
+    url, mode, scenario = args[0:3]
     if mode == "future":
         pretend_a_future_revision()
         mode = "auto"
+    server = url
+    if bearer is not None:
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        headers = {"Authorization": f"Bearer {bearer}"}
+        server = streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers))
     out = {}
-    async with Client(url, mode=mode) as client:
+    async with Client(server, mode=mode) as client:
         out["protocol_version"] = client.protocol_version
         out["server"] = dump(client.server_info) if client.server_info else None
         if scenario == "basic":
             await basic(client, out)
         elif scenario == "gated":
-            await gated(client, out, sys.argv[4])
+            await gated(client, out, args[3])
+        elif scenario == "list":
+            await listed(client, out)
         else:
             raise SystemExit(f"unknown scenario {scenario!r}")
     print(json.dumps({"done": out}), flush=True)

@@ -103,6 +103,14 @@ impl Api {
         answer(response).await
     }
 
+    /// Makes a named token (`POST /v1/tokens`, as this client's own
+    /// credential, or anonymously for the first) and returns its secret.
+    pub async fn make_token(&self, spec: Value) -> String {
+        let (status, made) = self.post("/v1/tokens", &spec).await;
+        assert_eq!(status, 201, "{spec} -> {made}");
+        made["token"].as_str().expect("a token").to_owned()
+    }
+
     pub async fn submit(&self, body: Value) -> (u16, Value) {
         self.post("/v1/calls", &body).await
     }

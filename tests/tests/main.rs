@@ -15,6 +15,7 @@ mod connections;
 mod dashboard;
 mod dispatch;
 mod durability;
+mod identities;
 mod mcp;
 mod operator;
 mod oxp;

@@ -677,3 +677,49 @@ async fn an_oxp_caller_cannot_borrow_another_users_grant() {
     assert_eq!(accepted["payload"]["identity"], "oxp:ana", "{accepted}");
     assert_eq!(accepted["payload"]["user_id"], "ana", "{accepted}");
 }
+
+/// A token bounded to `demo.echo`: the official client's `GET /tools`
+/// lists only it, and a call to another tool is an OXP 400 that records
+/// nothing.
+#[tokio::test]
+async fn a_bounded_tokens_tool_list_shows_only_its_tools() {
+    let ferry = Ferry::with_demo().await;
+    let root = ferry
+        .api()
+        .make_token(json!({"name": "root", "scopes": ["admin", "read"]}))
+        .await;
+    let root_api = ferry_tests::Api::with_token(&ferry.url, &root);
+    let agent = root_api
+        .make_token(json!({"name": "agent", "scopes": ["submit", "read"], "tools": ["demo.echo"]}))
+        .await;
+    let list = client(&ferry, &["--bearer", &agent, "list"]).await;
+    let ids: Vec<&str> = list["response"]["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["demo.echo@1.0.0"], "{list}");
+    let refused = call(
+        &ferry,
+        "demo.drop_table",
+        json!({"table": "t"}),
+        &["--bearer", &agent, "--call-id", "c-drop"],
+    )
+    .await;
+    server_error(&refused, 400);
+    let (_, threads) = root_api.get("/v1/threads").await;
+    assert_eq!(
+        threads["threads"],
+        json!([]),
+        "a refused call left a thread"
+    );
+    let ok = call(
+        &ferry,
+        "demo.echo",
+        json!({"text": "hi"}),
+        &["--bearer", &agent],
+    )
+    .await;
+    assert_eq!(ok["response"]["result"]["success"], true, "{ok}");
+}

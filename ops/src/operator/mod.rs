@@ -1,5 +1,5 @@
 //! Operator commands: `ferry toolsets`, `tools`, `calls`, `approvals`,
-//! `threads` and `replay`, clients of a running Ferry's native API
+//! `threads`, `tokens` and `replay`, clients of a running Ferry's native API
 //! (`ferry serve`, or any runtime node of a cluster). They print Ferry's
 //! answers as JSON (a replay, one event per line) for people and scripts
 //! alike, and say what Ferry refused on stderr, with an exit code per kind
@@ -9,6 +9,7 @@ mod approvals;
 mod calls;
 pub mod client;
 mod threads;
+mod tokens;
 mod toolsets;
 
 use std::io::Write;
@@ -20,6 +21,7 @@ pub use approvals::Approvals;
 pub use calls::Calls;
 pub use client::Failure;
 pub use threads::{Replay, Threads};
+pub use tokens::Tokens;
 pub use toolsets::{Tools, Toolsets};
 
 use crate::args::http_url;
@@ -82,6 +84,8 @@ pub enum Operator {
     Approvals(Approvals),
     /// Recent threads, one thread's metadata, closing a thread.
     Threads(Threads),
+    /// Make, list and revoke named API tokens (needs `admin`).
+    Tokens(Tokens),
     /// Print a thread's events, one JSON object per line (`--follow` to
     /// keep reading).
     Replay(Replay),
@@ -95,6 +99,7 @@ pub async fn run(operator: Operator) -> Result<(), Failure> {
         Operator::Calls(command) => command.run().await,
         Operator::Approvals(command) => command.run().await,
         Operator::Threads(command) => command.run().await,
+        Operator::Tokens(command) => command.run().await,
         Operator::Replay(command) => command.run().await,
     }
 }

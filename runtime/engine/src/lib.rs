@@ -13,5 +13,5 @@ pub mod sessions;
 pub mod testing;
 
 pub use engine::{Acknowledgements, Config, Engine};
-pub use ferry_core::{digest, identity, thread, token, toolsets};
+pub use ferry_core::{credential, digest, identity, thread, token, toolsets};
 pub use ferry_store as store;

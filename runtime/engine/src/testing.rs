@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::bus::LocalBus;
-use crate::store::{Store, ToolsetStore};
+use crate::store::{CatalogStore, Store};
 use crate::thread::{Command, NewCall, Submission};
 use crate::token::Capabilities;
 use crate::{Acknowledgements, Config, Engine};
@@ -12,12 +12,12 @@ use crate::{Acknowledgements, Config, Engine};
 /// An engine on `store` with the default configuration, an in-process
 /// bus, its tokens minted with the secret `secret`, and tools' 200s riding
 /// with their thread's next command as in `ferry serve`.
-pub fn engine<S: Store + ToolsetStore>(store: Arc<S>) -> Engine {
+pub fn engine<S: Store + CatalogStore>(store: Arc<S>) -> Engine {
     engine_with(store, LocalBus::new())
 }
 
 /// [`engine`], handing its work to `bus`.
-pub fn engine_with<S: Store + ToolsetStore>(store: Arc<S>, bus: LocalBus) -> Engine {
+pub fn engine_with<S: Store + CatalogStore>(store: Arc<S>, bus: LocalBus) -> Engine {
     Engine::new(
         Config::default(),
         store.clone(),
@@ -49,7 +49,7 @@ pub fn call(id: &str, text: &str) -> NewCall {
 
 /// An engine on `store` whose thread `g` holds one call `c1`, queued (no
 /// worker takes it).
-pub async fn queued<S: Store + ToolsetStore>(store: Arc<S>) -> Arc<Engine> {
+pub async fn queued<S: Store + CatalogStore>(store: Arc<S>) -> Arc<Engine> {
     let engine = Arc::new(engine(store));
     let submit = Command::Submit(call("c1", "x"));
     engine.execute("g", submit).await.unwrap();

@@ -18,7 +18,8 @@
 //!   are compare-and-set, so a slow copier cannot put an older version
 //!   back.
 //!
-//! Toolsets live in the KV bucket `ferry_toolsets`.
+//! Toolsets live in the KV bucket `ferry_toolsets`, named API tokens'
+//! records in `ferry_tokens`.
 //!
 //! An acknowledged publish is durable: the server runs with
 //! `sync_interval: always` (or R3 streams; see `ops/nats/`), so `flush` has
@@ -46,11 +47,13 @@ use tracing::{debug, warn};
 
 use crate::cluster::subjects::{self, Layout};
 use crate::store::log::Commit;
-use crate::store::{codec, Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
+use crate::store::{codec, CatalogStore, Durability, Durable, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
+use ferry_core::credential::StoredToken;
 
 pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
+pub const TOKENS_BUCKET: &str = "ferry_tokens";
 
 /// The header carrying a commit's last event sequence number, so watchers
 /// learn a thread's tip without decoding the commit.
@@ -96,6 +99,7 @@ pub struct JetStreamStore {
     js: jetstream::Context,
     layout: Layout,
     toolsets: kv::Store,
+    tokens: kv::Store,
     tips: Arc<Tips>,
     /// Watched threads whose tip must be read again from the stream (a
     /// read failed, or the republish may have been missed): read within
@@ -110,7 +114,7 @@ pub struct JetStreamStore {
     /// decides on it without reading the tip (the compare-and-set refuses
     /// a stale one). A republish of a later commit forgets it.
     loaded: Mutex<HashMap<String, Arc<Last>>>,
-    toolsets_changed: watch::Sender<u64>,
+    catalog_changed: watch::Sender<u64>,
     /// Reads of a subject's last message, as commands and watchers need
     /// them.
     last: LastReads,
@@ -183,19 +187,8 @@ impl JetStreamStore {
             from_leader: streams[0].cached_info().config.num_replicas > 1,
             streams: Arc::new(streams),
         };
-        let toolsets = match js.get_key_value(TOOLSETS_BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: TOOLSETS_BUCKET.into(),
-                    history: 1,
-                    storage: stream::StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await
-                .map_err(backend)?,
-        };
+        let toolsets = catalog_bucket(&js, TOOLSETS_BUCKET, replicas).await?;
+        let tokens = catalog_bucket(&js, TOKENS_BUCKET, replicas).await?;
         let copier = Copier {
             js: js.clone(),
             layout,
@@ -205,11 +198,12 @@ impl JetStreamStore {
             js,
             layout,
             toolsets,
+            tokens,
             tips: Arc::default(),
             tips_unread: Arc::default(),
             positions: Mutex::default(),
             loaded: Mutex::default(),
-            toolsets_changed: watch::Sender::new(0),
+            catalog_changed: watch::Sender::new(0),
             copier,
             last,
             copying: Mutex::default(),
@@ -217,7 +211,8 @@ impl JetStreamStore {
         if follow {
             store.follow_commits(client, events).await?;
         }
-        store.follow_toolsets().await?;
+        store.follow_catalog(&store.toolsets).await?;
+        store.follow_catalog(&store.tokens).await?;
         Ok(store)
     }
 
@@ -230,8 +225,8 @@ impl JetStreamStore {
 
     /// Bumped whenever any process changes a toolset: the engine reloads
     /// its registry.
-    pub fn toolsets_changed(&self) -> watch::Receiver<u64> {
-        self.toolsets_changed.subscribe()
+    pub fn catalog_changed(&self) -> watch::Receiver<u64> {
+        self.catalog_changed.subscribe()
     }
 
     async fn follow_commits(
@@ -326,14 +321,14 @@ impl JetStreamStore {
         });
     }
 
-    async fn follow_toolsets(self: &Arc<Self>) -> Result<(), Error> {
-        let mut changes = self.toolsets.watch_all().await.map_err(backend)?;
+    async fn follow_catalog(self: &Arc<Self>, bucket: &kv::Store) -> Result<(), Error> {
+        let mut changes = bucket.watch_all().await.map_err(backend)?;
         let store = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(change) = changes.next().await {
                 let Some(store) = store.upgrade() else { return };
                 if change.is_ok() {
-                    store.toolsets_changed.send_modify(|n| *n += 1);
+                    store.catalog_changed.send_modify(|n| *n += 1);
                 }
             }
         });
@@ -986,7 +981,7 @@ impl Store for JetStreamStore {
 }
 
 #[async_trait]
-impl ToolsetStore for JetStreamStore {
+impl CatalogStore for JetStreamStore {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = subjects::token(&format!("{}@{}", toolset.name, toolset.version));
         let value = codec::encode(toolset);
@@ -1004,14 +999,54 @@ impl ToolsetStore for JetStreamStore {
     }
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
-        let mut keys = self.toolsets.keys().await.map_err(backend)?;
-        let mut out = vec![];
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(backend)?;
-            if let Some(value) = self.toolsets.get(key).await.map_err(backend)? {
-                out.push(codec::decode(&value)?);
-            }
-        }
-        Ok(out)
+        every_value(&self.toolsets).await
     }
+
+    async fn put_token(&self, token: &StoredToken) -> Result<(), Error> {
+        let value = codec::encode(token);
+        self.tokens
+            .put(subjects::token(&token.id), value.into())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn tokens(&self) -> Result<Vec<StoredToken>, Error> {
+        every_value(&self.tokens).await
+    }
+}
+
+/// Binds a catalog bucket, creating it on the first start: one value per
+/// key, on file.
+async fn catalog_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    replicas: usize,
+) -> Result<kv::Store, Error> {
+    match js.get_key_value(bucket).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: bucket.into(),
+                history: 1,
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(backend),
+    }
+}
+
+/// Every value of a catalog bucket, decoded.
+async fn every_value<T: serde::de::DeserializeOwned>(bucket: &kv::Store) -> Result<Vec<T>, Error> {
+    let mut keys = bucket.keys().await.map_err(backend)?;
+    let mut out = vec![];
+    while let Some(key) = keys.next().await {
+        let key = key.map_err(backend)?;
+        if let Some(value) = bucket.get(key).await.map_err(backend)? {
+            out.push(codec::decode(&value)?);
+        }
+    }
+    Ok(out)
 }

@@ -9,6 +9,7 @@
 //!   on (the rule is in `store::log`): the sequence number of the commit
 //!   that last carried it.
 //! - `toolsets` — `name\0version` → the stored toolset.
+//! - `tokens` — a named API token's id → its record (never its secret).
 //!
 //! Why one key per command: a single-key insert is atomic, so a command
 //! needs no transaction and no journal (a sled transaction pins the log and
@@ -42,11 +43,12 @@ use std::collections::{hash_map::Entry, BTreeSet, HashMap};
 use tip::Tip;
 
 use commit::GroupCommit;
+use ferry_core::credential::StoredToken;
 use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 use ferry_store::codec::{decode, encode};
 use ferry_store::log::{Commit, CommitEvents, CommitHead};
-use ferry_store::{Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
+use ferry_store::{CatalogStore, Durability, Durable, Error, Store, Watch, Write};
 
 /// Threads whose last commit is kept decoded in memory.
 const CACHED_THREADS: usize = 4096;
@@ -64,6 +66,7 @@ pub struct SledStore {
     log: sled::Tree,
     calls: sled::Tree,
     toolsets: sled::Tree,
+    tokens: sled::Tree,
     commit: GroupCommit,
     /// Per thread with a write in flight or a reader waiting: the last
     /// durable sequence number. Readers never see past it, so an event that
@@ -131,7 +134,7 @@ impl SledStore {
                 return Err(older("its values are JSON".to_owned()));
             }
         }
-        let (calls, toolsets) = (tree("calls")?, tree("toolsets")?);
+        let (calls, toolsets, tokens) = (tree("calls")?, tree("toolsets")?, tree("tokens")?);
         let mut unsettled = BTreeSet::new();
         for last in last_commits(&log) {
             let meta = last?.meta;
@@ -143,6 +146,7 @@ impl SledStore {
             log,
             calls,
             toolsets,
+            tokens,
             commit: GroupCommit::start(Arc::downgrade(&db)),
             _db: db,
             tips: Arc::default(),
@@ -595,7 +599,7 @@ impl Store for SledStore {
 }
 
 #[async_trait]
-impl ToolsetStore for SledStore {
+impl CatalogStore for SledStore {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
         let key = keys::toolset(&toolset.name, &toolset.version);
         self.toolsets
@@ -613,6 +617,21 @@ impl ToolsetStore for SledStore {
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
         self.toolsets
+            .iter()
+            .values()
+            .map(|v| decode(&v.map_err(backend)?))
+            .collect()
+    }
+
+    async fn put_token(&self, token: &StoredToken) -> Result<(), Error> {
+        self.tokens
+            .insert(token.id.as_bytes(), encode(token))
+            .map_err(backend)?;
+        self.flush().await
+    }
+
+    async fn tokens(&self) -> Result<Vec<StoredToken>, Error> {
+        self.tokens
             .iter()
             .values()
             .map(|v| decode(&v.map_err(backend)?))

@@ -9,13 +9,14 @@ use async_trait::async_trait;
 use ferry_proto::api::Event;
 use tokio::sync::watch;
 
-use crate::{Durability, Durable, Error, Store, ToolsetStore, Watch, Write};
+use crate::{CatalogStore, Durability, Durable, Error, Store, Watch, Write};
+use ferry_core::credential::StoredToken;
 use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 
 pub struct Deferred {
     inner: OnceLock<Arc<dyn Store>>,
-    toolsets: OnceLock<Arc<dyn ToolsetStore>>,
+    toolsets: OnceLock<Arc<dyn CatalogStore>>,
     /// What watches taken before the store is there follow: it never
     /// moves, and ends when the store arrives, so that their readers take
     /// a watch of the real store (a stream that caught up would otherwise
@@ -36,7 +37,7 @@ impl Default for Deferred {
 impl Deferred {
     /// Hands over the real store; later calls go to it. Only the first
     /// counts. Watches taken before end.
-    pub fn set<S: Store + ToolsetStore>(&self, store: Arc<S>) {
+    pub fn set<S: Store + CatalogStore>(&self, store: Arc<S>) {
         let _ = self.toolsets.set(store.clone());
         let _ = self.inner.set(store);
         self.still.lock().expect("still lock").take();
@@ -50,7 +51,7 @@ impl Deferred {
         self.inner.get().ok_or_else(unreached)
     }
 
-    fn toolset_store(&self) -> Result<&Arc<dyn ToolsetStore>, Error> {
+    fn catalog(&self) -> Result<&Arc<dyn CatalogStore>, Error> {
         self.toolsets.get().ok_or_else(unreached)
     }
 }
@@ -149,16 +150,24 @@ impl Store for Deferred {
 }
 
 #[async_trait]
-impl ToolsetStore for Deferred {
+impl CatalogStore for Deferred {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error> {
-        self.toolset_store()?.put_toolset(toolset).await
+        self.catalog()?.put_toolset(toolset).await
     }
 
     async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error> {
-        self.toolset_store()?.delete_toolset(name, version).await
+        self.catalog()?.delete_toolset(name, version).await
     }
 
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error> {
-        self.toolset_store()?.toolsets().await
+        self.catalog()?.toolsets().await
+    }
+
+    async fn put_token(&self, token: &StoredToken) -> Result<(), Error> {
+        self.catalog()?.put_token(token).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<StoredToken>, Error> {
+        self.catalog()?.tokens().await
     }
 }

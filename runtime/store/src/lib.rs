@@ -1,5 +1,5 @@
 //! The storage ports: [`Store`] for threads' logs, metadata and calls,
-//! [`ToolsetStore`] for registered toolsets. The engine writes through
+//! [`CatalogStore`] for registered toolsets. The engine writes through
 //! them; `ferry-store-sled` is the embedded adapter, `ferry-nats` the
 //! cluster's (JetStream).
 //!
@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 
 use tokio::sync::watch;
 
+use ferry_core::credential::StoredToken;
 use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 
@@ -258,10 +259,15 @@ pub trait Store: Send + Sync + 'static {
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error>;
 }
 
-/// Registered toolsets. Each change is durable when it returns.
+/// What operators register: toolsets, and named API tokens (their records,
+/// never their secrets). Each change is durable when it returns.
 #[async_trait]
-pub trait ToolsetStore: Send + Sync + 'static {
+pub trait CatalogStore: Send + Sync + 'static {
     async fn put_toolset(&self, toolset: &StoredToolset) -> Result<(), Error>;
     async fn delete_toolset(&self, name: &str, version: &semver::Version) -> Result<(), Error>;
     async fn toolsets(&self) -> Result<Vec<StoredToolset>, Error>;
+    /// Stores a token's record under its id, replacing any (a revocation
+    /// is a record with `revoked_at`).
+    async fn put_token(&self, token: &StoredToken) -> Result<(), Error>;
+    async fn tokens(&self) -> Result<Vec<StoredToken>, Error>;
 }

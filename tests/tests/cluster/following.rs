@@ -131,15 +131,20 @@ async fn a_stream_on_a_node_that_lost_nats_for_a_while_delivers_what_it_missed()
 /// waits it out, then delivers the thread's events, those stored after it
 /// caught up too. Before, once caught up it waited on the watch it took
 /// before the store was there, which never moves: the `tool_result`
-/// never came.
+/// never came. The node is given an `--api-token`: until it reaches NATS
+/// it cannot know whether named tokens exist, so it lets in only the
+/// credentials it can check alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_opened_before_its_node_reached_nats_follows_the_thread() {
+    const TOKEN: &str = "cluster-operator-0123456789";
     let mut c = Cluster::start(1).await;
     let callback = c.dispatched(&c.a.api(), "g", "c1").await;
     c.a.kill9();
     c.nats.kill9();
+    c.a.set_option("--api-token", TOKEN);
     c.a.restart().await;
-    let a = c.a.api();
+    assert_eq!(c.a.api().get("/v1/threads/g").await.0, 503, "anonymous");
+    let a = Api::with_token(&c.a.url, TOKEN);
     assert_eq!(a.get("/v1/threads/g").await.0, 503);
     let mut stream = SseReader::open(&a, "/v1/threads/g/stream", None).await;
     c.nats.restart().await;

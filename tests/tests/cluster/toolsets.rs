@@ -1,9 +1,10 @@
-//! Toolsets across nodes: registered or deleted through one node, they are
-//! what every node resolves calls against.
+//! Toolsets and named tokens across nodes: registered, deleted or revoked
+//! through one node, they are what every node resolves calls and
+//! credentials against.
 
 use std::time::Duration;
 
-use ferry_tests::{eventually, TestTool};
+use ferry_tests::{eventually, Api, TestTool};
 use serde_json::json;
 
 use super::Cluster;
@@ -94,4 +95,47 @@ async fn a_retry_after_its_toolset_was_deleted_is_answered_by_its_call() {
     }
     assert_eq!(a.count("g", "c1", "call_accepted").await, 1);
     assert_eq!(a.count("g", "new", "call_accepted").await, 0);
+}
+
+/// Named tokens live in the KV bucket `ferry_tokens`: one made through
+/// node A is accepted by node B once B sees the change, and from then on
+/// B asks every request for a credential; one revoked through B is
+/// refused by A.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_made_on_one_node_works_on_the_other_and_so_does_its_revocation() {
+    let c = Cluster::start(0).await;
+    let root =
+        c.a.api()
+            .make_token(json!({"name": "root", "scopes": ["admin", "read"]}))
+            .await;
+    let root_at_b = Api::with_token(&c.b.url, &root);
+    eventually("B to accept A's token", Duration::from_secs(20), || async {
+        (root_at_b.get("/v1/threads").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(c.b.api().get("/v1/threads").await.0, 401, "B still open");
+    let reader = root_at_b
+        .make_token(json!({"name": "reader", "scopes": ["read"]}))
+        .await;
+    let reader_at_a = Api::with_token(&c.a.url, &reader);
+    eventually("A to accept B's token", Duration::from_secs(20), || async {
+        (reader_at_a.get("/v1/threads").await.0 == 200).then_some(())
+    })
+    .await;
+    let (_, listed) = root_at_b.get("/v1/tokens").await;
+    let id = listed["tokens"][1]["id"].as_str().unwrap().to_owned();
+    assert_eq!(root_at_b.delete(&format!("/v1/tokens/{id}")).await.0, 200);
+    assert_eq!(
+        Api::with_token(&c.b.url, &reader)
+            .get("/v1/threads")
+            .await
+            .0,
+        401
+    );
+    eventually(
+        "A to refuse the revoked token",
+        Duration::from_secs(20),
+        || async { (reader_at_a.get("/v1/threads").await.0 == 401).then_some(()) },
+    )
+    .await;
 }

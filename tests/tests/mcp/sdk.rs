@@ -152,3 +152,32 @@ async fn a_rejected_gated_call_answers_is_error_saying_so() {
     assert_eq!(result["isError"], true, "{result}");
     assert!(text_of(result).contains("rejected"), "{result}");
 }
+
+/// A token bounded to `demo.echo`: the SDK's `tools/list` shows only it
+/// (and the built-in), and a call to another tool is refused without a
+/// trace.
+#[tokio::test]
+async fn a_bounded_tokens_tools_list_shows_only_its_tools() {
+    let ferry = Ferry::with_demo().await;
+    let root = ferry
+        .api()
+        .make_token(json!({"name": "root", "scopes": ["admin", "read"]}))
+        .await;
+    let agent = Api::with_token(&ferry.url, &root)
+        .make_token(json!({"name": "agent", "scopes": ["submit", "read"], "tools": ["demo.echo"]}))
+        .await;
+    let out = sdk_client(&ferry.url, "legacy", "list", &["--bearer", &agent], |_| {}).await;
+    let names: Vec<&str> = out["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["cancel_subscription", "echo"], "{out}");
+    let refused = &out["drop_table"];
+    assert!(
+        refused["isError"] == true || refused["code"].is_number(),
+        "{refused}"
+    );
+    assert_eq!(thread_count(&Api::with_token(&ferry.url, &root)).await, 0);
+}

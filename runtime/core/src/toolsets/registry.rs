@@ -20,6 +20,8 @@ pub struct Registry {
 pub struct Resolved {
     /// `Toolset.tool@version`.
     pub qualified: String,
+    /// The toolset's name.
+    pub toolset: String,
     pub target: ToolTarget,
     pub validator: Arc<Validator>,
     /// Seconds a call waits for approval, if the tool is gated.
@@ -140,6 +142,7 @@ impl Registry {
         let approval_timeout = s.policy.gate(def);
         Ok(Resolved {
             qualified: format!("{}.{}@{}", s.name, tool, s.version),
+            toolset: s.name.clone(),
             target: ToolTarget {
                 tool_name: tool.to_owned(),
                 base_url: s.url.clone(),

@@ -76,7 +76,7 @@ impl Engine {
                 .store
                 .thread(ancestor)
                 .await?
-                .filter(|meta| by.may_act_in(meta))
+                .filter(|meta| by.may_act_in(ancestor, meta))
                 .and_then(|meta| meta.grants.get(grant_key(tool)).copied());
             if let Some(kind) = grant {
                 inherited = Some((kind, ancestor.clone()));
@@ -184,9 +184,16 @@ impl Engine {
     }
 
     /// Every call waiting for a reviewer, across threads, oldest first.
-    pub async fn pending_approvals(&self) -> Result<Vec<(String, CallRecord)>, Error> {
+    /// Only those in threads `by` may act in.
+    pub async fn pending_approvals(
+        &self,
+        by: &Identity,
+    ) -> Result<Vec<(String, CallRecord)>, Error> {
         let mut pending = vec![];
         for (group_id, id) in self.store.open_calls().await? {
+            if !self.may_act_in(by, &group_id).await? {
+                continue;
+            }
             if let Some(call) = self.store.call(&group_id, &id).await? {
                 if call.status == CallStatus::PendingApproval {
                     pending.push((group_id, call));

@@ -73,12 +73,25 @@ impl Engine {
         by: &Identity,
         req: SubmitCall,
     ) -> Result<(Submitted, SubmitReply), Error> {
+        let mut req = req;
+        req.user_id = by
+            .user_for(req.user_id.as_deref())
+            .map_err(|e| Error::Forbidden(e.to_string()))?;
         let resolved = match self.check_submission(&req) {
             Err(refused) if refused.rests_on_toolsets() && req.id.is_some() => {
                 return self.resubmit(by, req, refused).await;
             }
             checked => checked?,
         };
+        if let Some(resolved) = &resolved {
+            if !by.may_call(&resolved.toolset, &resolved.target.tool_name) {
+                return Err(Error::Forbidden(format!(
+                    "{} may not call {}",
+                    by.name(),
+                    resolved.qualified
+                )));
+            }
+        }
         self.check_ancestors(by, req.thread_ancestors.as_deref())
             .await?;
         let id = req.id.clone().unwrap_or_else(fresh_id);
@@ -209,14 +222,16 @@ impl Engine {
         by: &Identity,
         ancestors: Option<&[String]>,
     ) -> Result<(), Error> {
-        if by.reach() == Reach::Everywhere {
+        if *by.reach() == Reach::Everywhere {
             return Ok(());
         }
         for ancestor in ancestors.unwrap_or_default() {
-            if let Some(meta) = self.store.thread(ancestor).await? {
-                if !by.may_act_in(&meta) {
-                    return Err(Rejection::ForeignThread(ancestor.clone()).into());
-                }
+            let foreign = match self.store.thread(ancestor).await? {
+                Some(meta) => !by.may_act_in(ancestor, &meta),
+                None => !by.may_reach(ancestor),
+            };
+            if foreign {
+                return Err(Rejection::ForeignThread(ancestor.clone()).into());
             }
         }
         Ok(())

@@ -18,6 +18,7 @@ pub mod reads;
 mod recovery;
 pub mod requests;
 pub(crate) mod stopping;
+pub mod tokens;
 mod toolsets;
 mod turns;
 
@@ -33,7 +34,7 @@ use tokio::sync::Mutex;
 
 use crate::bus::{self, Bus};
 use crate::identity::Identity;
-use crate::store::{self, Durability, Store, ToolsetStore, Write};
+use crate::store::{self, CatalogStore, Durability, Store, Write};
 use crate::thread::{self, Command, Decision, Rejection, ThreadState};
 use crate::token::Capabilities;
 use crate::toolsets::{ArgumentErrors, Registry};
@@ -126,6 +127,10 @@ pub enum Error {
     Bus(#[from] bus::Error),
     /// A fault of Ferry's own (a command's task ended without an answer).
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -154,6 +159,8 @@ impl Error {
             Error::Store(store::Error::TooLarge(_)) => C::PayloadTooLarge,
             Error::Store(_) => C::StorageError,
             Error::Bus(_) => C::BusUnavailable,
+            Error::Forbidden(_) => C::Forbidden,
+            Error::Conflict(_) => C::Conflict,
             Error::Internal(_) => C::InternalError,
         }
     }
@@ -183,7 +190,7 @@ type Delivery = (crate::thread::ChoiceAnswer, Arc<tokio::sync::Notify>);
 pub struct Engine {
     pub(crate) config: Config,
     pub(crate) store: Arc<dyn Store>,
-    toolset_store: Arc<dyn ToolsetStore>,
+    catalog: Arc<dyn CatalogStore>,
     bus: Arc<dyn Bus>,
     pub(crate) registry: Registry,
     caps: Capabilities,
@@ -201,6 +208,10 @@ pub struct Engine {
     /// Held across each change of the registered toolsets (read, change,
     /// store), so two changes never undo each other.
     toolset_writes: tokio::sync::Mutex<()>,
+    /// Named API tokens' records, as last loaded.
+    tokens: std::sync::RwLock<tokens::TokenIndex>,
+    /// Held across each change of the tokens, as `toolset_writes`.
+    token_writes: tokio::sync::Mutex<()>,
     /// Approval timeouts armed in this process, by call: one each, however
     /// often recovery asks (with its task once it runs).
     armed: std::sync::Mutex<
@@ -231,7 +242,7 @@ impl Engine {
     pub fn new(
         config: Config,
         store: Arc<dyn Store>,
-        toolset_store: Arc<dyn ToolsetStore>,
+        catalog: Arc<dyn CatalogStore>,
         bus: Arc<dyn Bus>,
         caps: Capabilities,
         client: reqwest::Client,
@@ -242,7 +253,9 @@ impl Engine {
             timer_queue: std::sync::Mutex::new(Some(timer_queue)),
             config,
             store,
-            toolset_store,
+            catalog,
+            tokens: Default::default(),
+            token_writes: Default::default(),
             bus,
             registry: Registry::default(),
             caps,
@@ -397,7 +410,7 @@ impl Engine {
                 at
             };
             let decided = match asked {
-                Some((_, Some(by))) if !by.may_act_in(&state.meta) => {
+                Some((_, Some(by))) if !by.may_act_in(group_id, &state.meta) => {
                     Err(Rejection::ForeignThread(group_id.to_owned()))
                 }
                 Some((command, _)) => thread::decide(&state, command),

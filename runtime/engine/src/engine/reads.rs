@@ -32,11 +32,14 @@ impl Engine {
     /// Whether `by` may read and act in thread `group_id`: one that does not
     /// exist yet has nothing to show, and would be `by`'s to create.
     pub async fn may_act_in(&self, by: &Identity, group_id: &str) -> Result<bool, Error> {
-        if by.reach() == Reach::Everywhere {
+        if *by.reach() == Reach::Everywhere {
             return Ok(true);
         }
+        if !by.may_reach(group_id) {
+            return Ok(false);
+        }
         let thread = self.store.thread(group_id).await?;
-        Ok(thread.is_none_or(|meta| by.may_act_in(&meta)))
+        Ok(thread.is_none_or(|meta| by.may_act_in(group_id, &meta)))
     }
 
     pub async fn thread(&self, group_id: &str) -> Result<ThreadMeta, Error> {
@@ -49,8 +52,14 @@ impl Engine {
     }
 
     /// The most recently active threads, newest first (each as durable).
-    pub async fn recent_threads(&self, limit: usize) -> Result<Vec<ThreadMeta>, Error> {
+    /// Only threads `by` may act in.
+    pub async fn recent_threads_of(
+        &self,
+        by: &Identity,
+        limit: usize,
+    ) -> Result<Vec<ThreadMeta>, Error> {
         let mut threads = self.store.threads().await?;
+        threads.retain(|meta| by.may_act_in(&meta.group_id, meta));
         threads.sort_by_key(|meta| std::cmp::Reverse(meta.updated_at));
         threads.truncate(limit);
         // Concurrently: one group commit covers the threads that need one.

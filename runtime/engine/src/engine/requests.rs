@@ -7,7 +7,7 @@ use ferry_proto::api::{SubmitCall, SubmitReply};
 
 use super::calls::Submitted;
 use super::{Engine, Error};
-use crate::identity::Identity;
+use crate::identity::{Identity, Scope};
 use crate::thread::{Answer, CallRecord, Outcome, Reviewer};
 
 /// A change an agent, a reviewer or a tool asks of a thread.
@@ -66,6 +66,23 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The scope asking for this needs: none for a tool's callback, whose
+    /// token is its authority.
+    pub fn scope(&self) -> Option<Scope> {
+        match self {
+            Request::Submit { .. }
+            | Request::CancelCall { .. }
+            | Request::CancelSubscription { .. }
+            | Request::Close { .. }
+            | Request::Choose { .. }
+            | Request::Withdraw { .. } => Some(Scope::Submit),
+            Request::Decide { .. } | Request::RevokeGrant { .. } => Some(Scope::Review),
+            Request::Callback { .. } | Request::ResultRefused { .. } => None,
+        }
+    }
+}
+
 /// What a request did.
 #[derive(Debug, Clone)]
 pub enum Reply {
@@ -119,6 +136,9 @@ impl Engine {
         let answered = |outcome: Outcome| Reply::Callback {
             outcome: outcome.name().to_owned(),
         };
+        if let Some(scope) = request.scope() {
+            super::tokens::require(by, scope)?;
+        }
         Ok(match request {
             Request::Submit { call } => {
                 let (submitted, reply) = self.submit(by, call).await?;

@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::discovery::fetch_manifest;
 use super::{now, Engine, Error};
+use crate::identity::Identity;
 use crate::toolsets::{
     self, ApprovalPolicy, DiscoveryError, LoadedToolset, PolicyPatch, StoredToolset,
 };
@@ -63,7 +64,7 @@ impl Engine {
         // a registration's write, applied after its insert, would take the
         // new version out of the registry until the next reload.
         let _writing = self.toolset_writes.lock().await;
-        let stored = self.toolset_store.toolsets().await?;
+        let stored = self.catalog.toolsets().await?;
         self.use_toolsets(stored.clone());
         Ok(stored)
     }
@@ -130,7 +131,7 @@ impl Engine {
                 policy
             }
             None => self
-                .toolset_store
+                .catalog
                 .toolsets()
                 .await?
                 .into_iter()
@@ -232,7 +233,7 @@ impl Engine {
     }
 
     async fn install_checked(&self, loaded: LoadedToolset) -> Result<RegisteredToolset, Error> {
-        self.toolset_store.put_toolset(&loaded.stored).await?;
+        self.catalog.put_toolset(&loaded.stored).await?;
         let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
         self.registry.insert(loaded);
         info!(toolset = ?name, %version, "toolset registered");
@@ -255,7 +256,7 @@ impl Engine {
             return Err(no_toolset(name, version));
         }
         for toolset in &removed {
-            self.toolset_store
+            self.catalog
                 .delete_toolset(&toolset.name, &toolset.version)
                 .await?;
         }
@@ -265,6 +266,23 @@ impl Engine {
 
     pub fn toolsets(&self) -> Vec<RegisteredToolset> {
         self.registry.list().iter().map(|t| self.view(t)).collect()
+    }
+
+    /// The toolsets with only the tools `by` may call (a toolset left with
+    /// none is left out): what each front lists to `by`, and what OXP
+    /// resolves its tool ids against.
+    pub fn toolsets_for(&self, by: &Identity) -> Vec<RegisteredToolset> {
+        let mut visible = self.toolsets();
+        if by.bounds().tools.is_none() {
+            return visible;
+        }
+        for toolset in &mut visible {
+            let name = toolset.name.clone();
+            toolset.tools.retain(|t| by.may_call(&name, &t.name));
+            toolset.available.retain(|t| by.may_call(&name, t));
+        }
+        visible.retain(|t| !t.tools.is_empty());
+        visible
     }
 
     /// Every version of one toolset.

@@ -15,14 +15,18 @@ use serde_json::{json, Value};
 use super::body::JsonBody;
 use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
+use crate::identity::{Identity, Scope};
 use crate::thread::Reviewer;
 
 /// `GET /v1/approvals?status=pending`: what waits for a reviewer, oldest
 /// first, across threads.
+/// Only calls in threads within the caller's reach are listed.
 pub async fn list(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    super::auth::need(&by, &[Scope::Read, Scope::Review])?;
     match query.get("status").map(String::as_str) {
         None | Some("pending") => {}
         Some(other) => {
@@ -35,7 +39,7 @@ pub async fn list(
     let now = std::time::SystemTime::now();
     let approvals: Vec<Value> = app
         .engine
-        .pending_approvals()
+        .pending_approvals(&by)
         .await?
         .into_iter()
         .map(|(group_id, call)| {
@@ -65,14 +69,34 @@ pub async fn list(
 pub struct Decision {
     #[serde(rename = "optionId")]
     option_id: String,
-    #[serde(default = "anonymous")]
-    reviewer: String,
+    #[serde(default)]
+    reviewer: Option<String>,
     #[serde(default)]
     reason: Option<String>,
 }
 
-fn anonymous() -> String {
-    "anonymous".to_owned()
+/// Who decided: a named identity is its own name, and a `reviewer` it
+/// typed is only a comment, kept ahead of the reason. A shared credential
+/// (no credentials at all, or an `--api-token`) names no one, so there
+/// the typed name is the reviewer, as Ferry has no better one.
+fn reviewer_of(
+    by: &Identity,
+    typed: Option<String>,
+    reason: Option<String>,
+) -> (String, Option<String>) {
+    let shared = [Identity::ANONYMOUS, super::auth::API_TOKEN_IDENTITY].contains(&by.name());
+    match typed {
+        None if shared => (Identity::ANONYMOUS.to_owned(), reason),
+        Some(typed) if shared => (typed, reason),
+        Some(typed) if typed != by.name() => {
+            let reason = match reason {
+                Some(reason) => format!("(typed reviewer: {typed}) {reason}"),
+                None => format!("(typed reviewer: {typed})"),
+            };
+            (by.name().to_owned(), Some(reason))
+        }
+        _ => (by.name().to_owned(), reason),
+    }
 }
 
 /// `POST /v1/approvals/{group_id}/{id}`: 200 with the call; 409 when it
@@ -84,14 +108,15 @@ pub async fn decide(
     Path((group_id, id)): Path<(String, String)>,
     JsonBody(decision): JsonBody<Decision>,
 ) -> Result<axum::response::Response, ApiError> {
+    let (reviewer, reason) = reviewer_of(&by, decision.reviewer, decision.reason);
     let request = Request::Decide {
         group_id: group_id.clone(),
         id,
         option_id: decision.option_id,
         // Checked by the engine: a person may not name themselves as one
         // of Ferry's own deciders (the timeout, a grant, ACP).
-        reviewer: Reviewer::Person(decision.reviewer),
-        reason: decision.reason,
+        reviewer: Reviewer::Person(reviewer),
+        reason,
     };
     super::calls::call_reply(&app, &by, &group_id, request).await
 }

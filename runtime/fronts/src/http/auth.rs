@@ -1,20 +1,21 @@
-//! Optional bearer tokens for the native API (`--api-token`). Without
-//! them the API trusts whoever reaches it; with them every request but a
-//! tool's callback (its URL is its own capability), the health check and
-//! the dashboard's page (whose requests carry the token) must send
-//! `Authorization: Bearer <one of the tokens>`, or get 401 and change
-//! nothing. Several tokens may be accepted at once, so that one can be
-//! rotated without a gap. `/mcp` takes the same tokens, beside its own,
-//! and OXP when it is given no credentials of its own, so that setting a
-//! token never leaves another way in open. Whoever holds one is the
-//! operator identity [`API_TOKEN_IDENTITY`], which acts in every thread.
+//! Bearer tokens for the native API: the `--api-token`s, whose holder is
+//! the operator identity [`API_TOKEN_IDENTITY`] (every scope, every
+//! thread), and the named tokens made through `/v1/tokens`, each its own
+//! identity with its scopes and bounds. Without any, the API trusts
+//! whoever reaches it; with one, every request but a tool's callback (its
+//! URL is its own capability), the health check and the dashboard's page
+//! (whose requests carry the token) must send `Authorization: Bearer
+//! <token>`, or get 401 and change nothing. Several `--api-token`s may be
+//! accepted at once, so that one can be rotated without a gap. `/mcp` and
+//! OXP take the same tokens, beside their own, so that setting a token
+//! never leaves another way in open.
 
 use ferry_proto::ErrorCode;
 use std::sync::Arc;
 
 use super::ApiError;
 use crate::digest::{same, sha256};
-use crate::identity::Identity;
+use crate::identity::{Identity, Scope};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue};
@@ -36,11 +37,14 @@ pub const MAX_TOKEN_CHARS: usize = 512;
 )]
 pub struct BadToken(String);
 
-/// The tokens the native API accepts, kept as SHA-256 digests so that
-/// comparing them takes the same time whatever a guess shares with them.
+/// The tokens the native API accepts: the `--api-token`s, kept as SHA-256
+/// digests so that comparing them takes the same time whatever a guess
+/// shares with them, and, once [`ApiTokens::with_named`] gives it the
+/// engine, the named tokens made through `/v1/tokens`.
 #[derive(Clone, Default)]
 pub struct ApiTokens {
     digests: Arc<[[u8; 32]]>,
+    named: Option<Arc<crate::engine::Engine>>,
 }
 
 impl ApiTokens {
@@ -61,12 +65,41 @@ impl ApiTokens {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             digests: digests.into(),
+            named: None,
         })
     }
 
-    /// Whether the API asks for a token at all.
+    /// These tokens, and the named tokens `engine` keeps.
+    pub fn with_named(mut self, engine: Arc<crate::engine::Engine>) -> Self {
+        self.named = Some(engine);
+        self
+    }
+
+    /// Whether the API asks for a token at all: once an `--api-token` is
+    /// set or a named token is live.
     pub fn required(&self) -> bool {
-        !self.digests.is_empty()
+        !self.digests.is_empty() || self.named.as_ref().is_some_and(|e| e.tokens_required())
+    }
+
+    /// Who presents `given`: the operator [`API_TOKEN_IDENTITY`] for an
+    /// `--api-token`, a named token's identity, or no one.
+    /// Whether the named tokens are not known yet (a cluster node that
+    /// has not reached NATS): a credential that is no `--api-token` can
+    /// then be neither accepted nor refused.
+    pub fn unknown_yet(&self) -> bool {
+        self.named.as_ref().is_some_and(|e| !e.tokens_loaded())
+    }
+
+    pub fn identify(&self, given: &str) -> Option<Identity> {
+        if given.len() > MAX_TOKEN_CHARS {
+            return None;
+        }
+        if self.accepts(given) {
+            return Some(Identity::operator(API_TOKEN_IDENTITY));
+        }
+        self.named
+            .as_ref()
+            .and_then(|engine| engine.identify(given))
     }
 
     /// Whether `given` is one of the tokens. Every digest is compared in
@@ -153,10 +186,16 @@ pub async fn authenticate(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(super::bearer_token);
-    if given.is_some_and(|t| tokens.accepts(t)) {
-        let identity = Identity::operator(API_TOKEN_IDENTITY);
+    if let Some(identity) = given.and_then(|t| tokens.identify(t)) {
         request.extensions_mut().insert(identity);
         return next.run(request).await;
+    }
+    if tokens.unknown_yet() {
+        return ApiError::new(
+            ErrorCode::Unavailable,
+            "credentials cannot be checked until this node reaches its store",
+        )
+        .into_response();
     }
     // Counted, and logged at debug only: anyone can send these, and a
     // line each would let them flood the log.
@@ -165,7 +204,8 @@ pub async fn authenticate(
     tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
     let mut response = ApiError::new(
         ErrorCode::Unauthorized,
-        "this Ferry requires `Authorization: Bearer <API token>` (one of its --api-token values)",
+        "this Ferry requires `Authorization: Bearer <API token>` (an --api-token value, or a \
+         live token made with `ferry tokens create`)",
     )
     .into_response();
     // RFC 6750 §3.1: a token that was sent and refused is `invalid_token`.
@@ -179,6 +219,68 @@ pub async fn authenticate(
         HeaderValue::from_static(challenge),
     );
     response
+}
+
+/// Refuses `by` unless it holds one of `scopes`: 403 `forbidden`,
+/// naming what was needed.
+pub(crate) fn need(by: &Identity, scopes: &[Scope]) -> Result<(), ApiError> {
+    if scopes.iter().any(|&scope| by.may(scope)) {
+        return Ok(());
+    }
+    let names: Vec<&str> = scopes.iter().map(|s| s.name()).collect();
+    Err(ApiError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "{} lacks the scope this needs ({})",
+            by.name(),
+            names.join(" or ")
+        ),
+    ))
+}
+
+/// Administration (toolsets, policies, tokens) needs `admin`.
+pub async fn admin_only(Caller(by): Caller, request: Request, next: Next) -> Response {
+    match need(&by, &[Scope::Admin]) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// Every request under `/v1/threads/{group_id}/` needs the thread within
+/// the caller's reach; reading it needs `read`. What a request changes
+/// needs its own scope too, which the engine checks.
+pub async fn thread_access(
+    State(app): State<super::AppState>,
+    Caller(by): Caller,
+    params: Result<super::path::Path<std::collections::HashMap<String, String>>, ApiError>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let params = match params {
+        Ok(super::path::Path(params)) => params,
+        Err(refused) => return refused.into_response(),
+    };
+    if request.method() == axum::http::Method::GET {
+        if let Err(refused) = need(&by, &[Scope::Read]) {
+            return refused.into_response();
+        }
+    }
+    if let Some(group_id) = params.get("group_id") {
+        match app.engine.may_act_in(&by, group_id).await {
+            Ok(true) => {}
+            Ok(false) => return foreign_thread(&by, group_id).into_response(),
+            Err(e) => return ApiError::from(e).into_response(),
+        }
+    }
+    next.run(request).await
+}
+
+/// The refusal of a thread outside the caller's reach.
+pub(crate) fn foreign_thread(by: &Identity, group_id: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Forbidden,
+        format!("{} may not act in thread {group_id:?}", by.name()),
+    )
 }
 
 #[cfg(test)]

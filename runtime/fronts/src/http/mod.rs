@@ -11,6 +11,7 @@ mod ops;
 pub(crate) mod origin;
 pub(crate) mod path;
 pub(crate) mod threads;
+mod tokens;
 mod toolsets;
 mod ui;
 mod views;
@@ -151,8 +152,13 @@ pub fn router_with(
         .route("/ui", get(ui::page))
         .route("/ui/", get(ui::page))
         .route("/healthz", get(ops::healthz));
-    let guarded = guarded_routes().layer(axum::middleware::from_fn_with_state(
-        tokens,
+    let app = AppState {
+        engine: engine.clone(),
+        metrics,
+        perform,
+    };
+    let guarded = guarded_routes(&app).layer(axum::middleware::from_fn_with_state(
+        tokens.with_named(engine.clone()),
         auth::authenticate,
     ));
     open.merge(guarded)
@@ -164,16 +170,15 @@ pub fn router_with(
             origin::Origins::new(&engine.config().public_url),
             origin::refuse_cross_site,
         ))
-        .with_state(AppState {
-            engine,
-            metrics,
-            perform,
-        })
+        .with_state(app)
 }
 
-/// Every route an API token guards (when there are tokens).
-fn guarded_routes() -> Router<AppState> {
-    Router::new()
+/// Every route an API token guards (when there are tokens), each with the
+/// scope it needs: administration `admin`; a thread's routes the thread
+/// within reach (and `read` to read it); the rest check in their handler,
+/// or in the engine for what they change.
+fn guarded_routes(app: &AppState) -> Router<AppState> {
+    let admin = Router::new()
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
         .route(
             "/v1/toolsets/{name}",
@@ -182,9 +187,10 @@ fn guarded_routes() -> Router<AppState> {
                 .patch(toolsets::set_policy),
         )
         .route("/v1/toolsets/{name}/refresh", post(toolsets::refresh))
-        .route("/v1/tools", get(toolsets::tools))
-        .route("/v1/calls", post(calls::submit))
-        .route("/v1/threads", get(threads::list))
+        .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tokens/{id}", delete(tokens::revoke))
+        .route_layer(axum::middleware::from_fn(auth::admin_only));
+    let thread = Router::new()
         .route("/v1/threads/{group_id}", get(threads::show))
         .route("/v1/threads/{group_id}/calls", get(threads::calls))
         .route(
@@ -206,11 +212,21 @@ fn guarded_routes() -> Router<AppState> {
             delete(threads::cancel_subscription),
         )
         .route("/v1/threads/{group_id}/close", post(threads::close))
-        .route("/v1/approvals", get(approvals::list))
-        .route("/v1/approvals/{group_id}/{id}", post(approvals::decide))
         .route(
             "/v1/threads/{group_id}/grants/{tool}",
             delete(approvals::revoke),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::thread_access,
+        ));
+    Router::new()
+        .merge(admin)
+        .merge(thread)
+        .route("/v1/tools", get(toolsets::tools))
+        .route("/v1/calls", post(calls::submit))
+        .route("/v1/threads", get(threads::list))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{group_id}/{id}", post(approvals::decide))
         .route("/metrics", get(ops::metrics))
 }

@@ -7,7 +7,9 @@ use axum::Json;
 use ferry_proto::ErrorCode;
 use serde_json::json;
 
+use super::auth::Caller;
 use super::{ApiError, AppState};
+use crate::identity::Scope;
 
 /// `200 {"status": "ok"}`, or `503 {"status": "degraded", "reason"}`
 /// while the store cannot take writes (a cluster node away from NATS), so
@@ -24,7 +26,10 @@ pub async fn healthz(State(app): State<AppState>) -> Response {
     }
 }
 
-pub async fn metrics(State(app): State<AppState>) -> Response {
+pub async fn metrics(State(app): State<AppState>, Caller(by): Caller) -> Response {
+    if let Err(refused) = super::auth::need(&by, &[Scope::Read]) {
+        return refused.into_response();
+    }
     match &app.metrics {
         Some(render) => (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

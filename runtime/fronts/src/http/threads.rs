@@ -22,20 +22,24 @@ use super::views::{CallView, ThreadView};
 use super::{unexpected, ApiError, AppState};
 use crate::engine::requests::{Reply, Request};
 use crate::engine::{reads, Engine};
+use crate::identity::Scope;
 
 /// Events per page when `limit` is not given, and the most one page holds.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
 /// `GET /v1/threads?limit=N`: the most recently active threads.
+/// Only threads within the caller's reach are listed.
 pub async fn list(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    super::auth::need(&by, &[Scope::Read])?;
     let limit = page_size(&query, 50, 500)?;
     let threads: Vec<ThreadView> = app
         .engine
-        .recent_threads(limit)
+        .recent_threads_of(&by, limit)
         .await?
         .into_iter()
         .map(ThreadView::from)

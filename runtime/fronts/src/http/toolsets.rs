@@ -3,6 +3,7 @@
 use ferry_proto::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
 
+use super::auth::Caller;
 use super::path::Path;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -13,6 +14,7 @@ use serde_json::{json, Value};
 use super::body::JsonBody;
 use super::{detached, ApiError, AppState};
 use crate::engine::RegisteredToolset;
+use crate::identity::Scope;
 use crate::toolsets::{
     cancel_subscription_schema, ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy,
     CANCEL_SUBSCRIPTION,
@@ -139,7 +141,12 @@ pub async fn remove(
 
 /// Every callable tool: each toolset's tools by qualified name (with the
 /// bare name where it is unambiguous), and the built-in tools.
-pub async fn tools(State(app): State<AppState>) -> Json<Value> {
+/// Only the tools the caller may call are shown.
+pub async fn tools(
+    State(app): State<AppState>,
+    Caller(by): Caller,
+) -> Result<Json<Value>, ApiError> {
+    super::auth::need(&by, &[Scope::Read, Scope::Submit])?;
     let mut tools = vec![json!({
         "name": CANCEL_SUBSCRIPTION,
         "qualified": CANCEL_SUBSCRIPTION,
@@ -149,6 +156,9 @@ pub async fn tools(State(app): State<AppState>) -> Json<Value> {
     })];
     for toolset in app.engine.toolsets() {
         for tool in toolset.tools {
+            if !by.may_call(&toolset.name, &tool.name) {
+                continue;
+            }
             let bare = toolset.available.contains(&tool.name);
             tools.push(json!({
                 "name": tool.name,
@@ -162,5 +172,5 @@ pub async fn tools(State(app): State<AppState>) -> Json<Value> {
             }));
         }
     }
-    Json(json!({"tools": tools}))
+    Ok(Json(json!({"tools": tools})))
 }

@@ -101,8 +101,8 @@ pub fn check(config: &McpConfig, headers: &HeaderMap) -> Result<Identity, RpcErr
     let own = config.bearer_token.as_deref();
     let identity = if own.is_some_and(|token| same(&sha256(given), &sha256(token))) {
         Some(Identity::agent(MCP_TOKEN_IDENTITY))
-    } else if config.api_tokens.accepts(given) {
-        Some(Identity::operator(crate::http::auth::API_TOKEN_IDENTITY))
+    } else if let Some(identity) = config.api_tokens.identify(given) {
+        Some(identity)
     } else if own.is_none() && !config.api_tokens.required() {
         Some(Identity::anonymous())
     } else {
@@ -262,10 +262,10 @@ mod tests {
             ..McpConfig::default()
         };
         let operator = check(&own, &with(Some(&api_bearer))).unwrap();
-        assert_eq!(operator.reach(), crate::identity::Reach::Everywhere);
+        assert_eq!(operator.reach(), &crate::identity::Reach::Everywhere);
         let agent = check(&own, &with(Some("Bearer s3cret"))).unwrap();
         assert_eq!(agent.name(), MCP_TOKEN_IDENTITY);
-        assert_eq!(agent.reach(), crate::identity::Reach::OwnThreads);
+        assert_eq!(agent.reach(), &crate::identity::Reach::OwnThreads);
         assert_eq!(check(&own, &with(None)).unwrap_err().http_status, 401);
         assert!(check(&McpConfig::default(), &with(None)).is_ok());
     }

@@ -42,7 +42,7 @@ pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
         "inputSchema": cancel_subscription_schema(),
         "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true},
     })];
-    let registered = engine.toolsets();
+    let registered = engine.toolsets_for(&ctx.identity);
     for toolset in &registered {
         let versions = registered.iter().filter(|t| t.name == toolset.name);
         let latest = crate::toolsets::latest_by(versions, |t| &t.version);

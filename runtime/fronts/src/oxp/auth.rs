@@ -133,11 +133,13 @@ impl Auth {
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(crate::http::bearer_token);
+        // The native API's tokens (`--api-token`s and named ones) are
+        // accepted here too, as the identities they are there.
+        if let Some(identity) = bearer.and_then(|token| self.api_tokens.identify(token)) {
+            return Ok(Authenticated::as_identity(identity));
+        }
         if !self.has_own_credentials() {
             return match bearer {
-                Some(token) if self.api_tokens.accepts(token) => Ok(Authenticated::as_identity(
-                    Identity::operator(crate::http::auth::API_TOKEN_IDENTITY),
-                )),
                 Some(_) => Err(AuthError::WrongApiToken),
                 None => Err(AuthError::MissingApiToken),
             };
@@ -246,7 +248,7 @@ mod tests {
     /// Without OXP credentials of its own, OXP asks for the native API's
     /// tokens (when there are any); with its own, only those count.
     #[test]
-    fn the_api_tokens_guard_oxp_unless_it_has_credentials_of_its_own() {
+    fn the_api_tokens_guard_oxp_and_are_accepted_beside_its_own_credentials() {
         let api_token = "agents-token-0123456789";
         let api_tokens = crate::http::auth::ApiTokens::new(&[api_token]).unwrap();
         let with = |authorization: Option<&str>| {
@@ -275,7 +277,11 @@ mod tests {
             api_tokens,
             ..AuthConfig::default()
         });
-        assert!(own.check(&with(Some(&api_bearer))).is_err());
+        // The native API's tokens are accepted beside OXP's own.
+        assert!(own.check(&with(Some(&api_bearer))).is_ok());
+        assert!(own
+            .check(&with(Some("Bearer agents-token-01234567890")))
+            .is_err());
         let mut keyed = with(None);
         keyed.insert("oxp-api-key", "oxp-key".parse().unwrap());
         assert!(own.check(&keyed).is_ok());

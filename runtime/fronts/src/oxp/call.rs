@@ -190,7 +190,7 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     let earlier = oxp.engine.call(&group_id, &id).await.ok();
     let operation = match earlier_operation(earlier.as_ref(), &tool_id) {
         Some(operation) => operation,
-        None => resolve(oxp, &tool_id)?,
+        None => resolve(oxp, &caller.identity, &tool_id)?,
     };
     let submit = SubmitCall {
         operation,
@@ -206,9 +206,10 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
         .await
 }
 
-/// The native operation that `tool_id` names now (`Toolset.tool@x.y.z`).
-fn resolve(oxp: &Oxp, tool_id: &str) -> Result<String, OxpError> {
-    let index = Index::build(&oxp.engine.toolsets());
+/// The native operation that `tool_id` names now (`Toolset.tool@x.y.z`),
+/// among the tools `by` may call: another is no tool to it.
+fn resolve(oxp: &Oxp, by: &crate::identity::Identity, tool_id: &str) -> Result<String, OxpError> {
+    let index = Index::build(&oxp.engine.toolsets_for(by));
     let tool = index.resolve(tool_id).map_err(|e| {
         let developer = match &e {
             NotFound::Version { available, .. } => {

@@ -25,10 +25,11 @@ pub async fn health(State(oxp): State<Arc<Oxp>>) -> StatusCode {
 
 /// Every servable tool version as a `ToolDefinition`, sorted by id.
 pub async fn list(State(oxp): State<Arc<Oxp>>, headers: HeaderMap) -> Response {
-    if let Err(e) = oxp.auth.check(&headers) {
-        return OxpError::unauthorized(e.to_string()).into_response();
-    }
-    let index = Index::build(&oxp.engine.toolsets());
+    let caller = match oxp.auth.check(&headers) {
+        Ok(caller) => caller,
+        Err(e) => return OxpError::unauthorized(e.to_string()).into_response(),
+    };
+    let index = Index::build(&oxp.engine.toolsets_for(&caller.identity));
     let items: Vec<Value> = index
         .all()
         .map(|t| {

@@ -20,8 +20,8 @@ fn the_first_call_makes_the_thread_its_identitys() {
     assert_eq!(state.meta.owner.as_deref(), Some("mcp"));
     assert_eq!(state.calls["a"].identity.as_deref(), Some("mcp"));
     assert_eq!(state.calls["b"].identity.as_deref(), Some("api-token"));
-    assert!(Identity::agent("mcp").may_act_in(&state.meta));
-    assert!(!Identity::agent("oxp").may_act_in(&state.meta));
+    assert!(Identity::agent("mcp").may_act_in("g", &state.meta));
+    assert!(!Identity::agent("oxp").may_act_in("g", &state.meta));
 }
 
 #[test]
