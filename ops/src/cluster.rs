@@ -18,6 +18,7 @@ use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
 use ferry_nats::cluster::mcp_sessions::SharedSessions;
+use ferry_nats::cluster::rate_limits::KvBuckets;
 use ferry_nats::cluster::stop::{Phase, Stop};
 use ferry_nats::cluster::subjects::Layout;
 use ferry_nats::cluster::{identity, pull, streams, worker};
@@ -51,6 +52,8 @@ pub struct RuntimeOptions {
     pub mcp: ferry_fronts::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
+    /// Rate limits on every call, kept in JetStream KV for every node.
+    pub rate_limits: ferry_engine::limits::RateLimits,
     /// How long a stopping node waits for the requests still running.
     pub drain: Duration,
     /// The connection cap and each connection's clocks.
@@ -222,19 +225,13 @@ async fn jetstream_store(
 /// workers' work.
 fn engine<S: Store + CatalogStore>(
     options: &ClusterOptions,
-    public_url: &str,
+    config: Config,
     store: Arc<S>,
-    max_body_bytes: usize,
 ) -> anyhow::Result<Engine> {
     anyhow::ensure!(
         options.secret.len() >= 16,
         "--secret must be at least 16 bytes (and the same on every node and worker)"
     );
-    let config = Config {
-        public_url: public_url.trim_end_matches('/').to_owned(),
-        max_body_bytes,
-        ..Config::default()
-    };
     Ok(Engine::new(
         config,
         store.clone(),
@@ -243,6 +240,15 @@ fn engine<S: Store + CatalogStore>(
         Capabilities::new(options.secret.as_bytes()),
         crate::serve::http_client()?,
     ))
+}
+
+/// The engine configuration both roles start from.
+fn engine_config(public_url: &str, max_body_bytes: usize) -> Config {
+    Config {
+        public_url: public_url.trim_end_matches('/').to_owned(),
+        max_body_bytes,
+        ..Config::default()
+    }
 }
 
 /// Loads the toolsets and the named tokens into the engine now and
@@ -287,6 +293,7 @@ async fn attach(
     store: Arc<Deferred>,
     engine: Arc<Engine>,
     sessions: Arc<SharedSessions>,
+    buckets: Arc<KvBuckets>,
 ) {
     let jetstream = loop {
         match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
@@ -315,6 +322,10 @@ async fn attach(
     let js = async_nats::jetstream::new(client.clone());
     while let Err(e) = sessions.attach(&js, options.cluster.replicas).await {
         warn!(error = %e, "binding the MCP sessions bucket failed; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    while let Err(e) = buckets.attach(&js, options.cluster.replicas).await {
+        warn!(error = %e, "binding the rate-limits bucket failed; retrying");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     loop {
@@ -349,12 +360,12 @@ pub async fn start_runtime(
     // The store arrives when NATS answers; until then what needs it is
     // answered 503 with Retry-After, and nothing is kept anywhere.
     let store = Arc::new(Deferred::default());
-    let engine = Arc::new(engine(
-        &options.cluster,
-        &public_url,
-        store.clone(),
-        options.max_body_bytes,
-    )?);
+    // Rate-limit buckets in JetStream KV, shared by every node.
+    let buckets = Arc::new(KvBuckets::default());
+    let mut config = engine_config(&public_url, options.max_body_bytes);
+    config.rate_limits = options.rate_limits;
+    let engine =
+        Arc::new(engine(&options.cluster, config, store.clone())?.with_buckets(buckets.clone()));
     ferry_engine::metrics::describe();
     // MCP sessions in JetStream KV: any node serves any session.
     let sessions = Arc::new(SharedSessions::default());
@@ -365,6 +376,7 @@ pub async fn start_runtime(
         store.clone(),
         engine.clone(),
         sessions.clone(),
+        buckets,
     ));
     // NATS reachable: serve once attached. Not reachable: serve anyway
     // after a while (503s, a /healthz that says why), and attach later.
@@ -431,9 +443,8 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
     let engine = Arc::new(
         engine(
             &options.cluster,
-            &public_url,
+            engine_config(&public_url, Config::default().max_body_bytes),
             store.clone(),
-            Config::default().max_body_bytes,
         )?
         .with_acknowledgements(Acknowledgements::AfterGrace(DISPATCH_GRACE)),
     );

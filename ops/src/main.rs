@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ferry_dispatch::DispatchConfig;
+use ferry_engine::limits::{Limit, RateLimits};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
@@ -189,9 +190,27 @@ struct FrontArgs {
     /// Require `Authorization: Bearer <token>` on `/mcp`.
     #[arg(long, env = "FERRY_MCP_BEARER_TOKEN", hide_env_values = true)]
     mcp_bearer_token: Option<String>,
+    /// Every identity's calls, at most RATE a second and BURST at once
+    /// (`RATE:BURST`); more are refused 429 with `Retry-After`.
+    #[arg(long, env = "FERRY_RATE_LIMIT_IDENTITY", value_name = "RATE:BURST")]
+    rate_limit_identity: Option<Limit>,
+    /// Every `user_id`'s calls, as `--rate-limit-identity`.
+    #[arg(long, env = "FERRY_RATE_LIMIT_USER", value_name = "RATE:BURST")]
+    rate_limit_user: Option<Limit>,
+    /// Every tool's calls (all callers together), as `--rate-limit-identity`.
+    #[arg(long, env = "FERRY_RATE_LIMIT_TOOL", value_name = "RATE:BURST")]
+    rate_limit_tool: Option<Limit>,
 }
 
 impl FrontArgs {
+    fn rate_limits(&self) -> RateLimits {
+        RateLimits {
+            identity: self.rate_limit_identity,
+            user: self.rate_limit_user,
+            tool: self.rate_limit_tool,
+        }
+    }
+
     fn api_tokens(&self) -> anyhow::Result<ApiTokens> {
         ApiTokens::new(&self.api_tokens).context("--api-token (or FERRY_API_TOKENS)")
     }
@@ -486,6 +505,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
+        rate_limits: args.fronts.rate_limits(),
         drain: args.drain.drain(),
         limits: args.connections.limits(),
     };
@@ -512,6 +532,7 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
+        rate_limits: args.fronts.rate_limits(),
         drain: args.drain.drain(),
         limits: args.connections.limits(),
     };

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
 use ferry_engine::bus::LocalBus;
+use ferry_engine::limits::RateLimits;
 use ferry_engine::token::Capabilities;
 use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
@@ -40,6 +41,8 @@ pub struct ServeOptions {
     pub mcp: ferry_fronts::mcp::McpConfig,
     /// The native API's tokens (none: it asks for none).
     pub api_tokens: ApiTokens,
+    /// Rate limits on every call.
+    pub rate_limits: RateLimits,
     /// How long a stopping process waits for the requests still running
     /// ([`serve_http`]).
     pub drain: Duration,
@@ -61,6 +64,7 @@ impl Default for ServeOptions {
             oxp: Default::default(),
             mcp: Default::default(),
             api_tokens: ApiTokens::default(),
+            rate_limits: RateLimits::default(),
             drain: DRAIN,
             limits: crate::listener::Limits::default(),
         }
@@ -201,6 +205,7 @@ pub async fn start(
     let config = Config {
         public_url: public_url.clone(),
         max_body_bytes: options.max_body_bytes,
+        rate_limits: options.rate_limits,
         ..Config::default()
     };
     let store = Arc::new(store);

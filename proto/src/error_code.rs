@@ -63,6 +63,7 @@ error_codes! {
     IdempotencyKeyReused => "idempotency_key_reused",
     InvalidCallback => "invalid_callback",
     // Ferry's own state: retry later, or a fault.
+    RateLimited => "rate_limited",
     Busy => "busy",
     Unavailable => "unavailable",
     BusUnavailable => "bus_unavailable",

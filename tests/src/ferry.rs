@@ -100,7 +100,6 @@ impl Default for FerryOptions {
 }
 
 impl FerryOptions {
-    /// These options, with `--api-token token` added (repeatable).
     /// `ferry serve --demo` with `args` besides the harness's own.
     pub fn demo_with(args: &[&str]) -> Self {
         let mut options = Self {
@@ -111,8 +110,15 @@ impl FerryOptions {
         options
     }
 
+    /// These options, with `--api-token token` added (repeatable).
     pub fn api_token(mut self, token: &str) -> Self {
         self.args.extend(["--api-token".into(), token.into()]);
+        self
+    }
+
+    /// These options, with `args` added.
+    pub fn with_args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
         self
     }
 

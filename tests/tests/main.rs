@@ -16,6 +16,7 @@ mod dashboard;
 mod dispatch;
 mod durability;
 mod identities;
+mod limits;
 mod mcp;
 mod operator;
 mod oxp;

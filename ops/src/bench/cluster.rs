@@ -182,6 +182,7 @@ pub async fn deploy(
             oxp: Default::default(),
             mcp: Default::default(),
             api_tokens: Default::default(),
+            rate_limits: Default::default(),
             drain: crate::serve::DRAIN,
             limits: Default::default(),
         };

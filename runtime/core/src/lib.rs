@@ -7,6 +7,7 @@
 pub mod credential;
 pub mod digest;
 pub mod identity;
+pub mod limits;
 pub mod thread;
 pub mod token;
 pub mod toolsets;

@@ -7,11 +7,12 @@
 
 pub mod bus;
 pub mod engine;
+pub mod limiter;
 pub mod metrics;
 pub mod sessions;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use engine::{Acknowledgements, Config, Engine};
-pub use ferry_core::{credential, digest, identity, thread, token, toolsets};
+pub use ferry_core::{credential, digest, identity, limits, thread, token, toolsets};
 pub use ferry_store as store;

@@ -8,6 +8,6 @@ pub mod http;
 pub mod mcp;
 pub mod oxp;
 
-use ferry_core::{credential, digest, identity, thread, toolsets};
+use ferry_core::{credential, digest, identity, limits, thread, toolsets};
 use ferry_engine::{engine, metrics};
 use ferry_store as store;

@@ -10,6 +10,7 @@ mod configuration;
 mod dispatch;
 mod following;
 mod fronts;
+mod limits;
 mod load;
 mod max_payload;
 mod nats_down;

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use ferry_proto::rap::{Manifest, ToolDef};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::RateLimits;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalMode {
@@ -34,6 +36,9 @@ pub struct ApprovalPolicy {
     /// Seconds a gated call waits for a decision before it is rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_timeout_secs: Option<u64>,
+    /// Rate limits on calls to this toolset's tools, besides Ferry's own.
+    #[serde(default, skip_serializing_if = "RateLimits::is_empty")]
+    pub rate_limits: RateLimits,
 }
 
 /// The approval timeout when the policy names none: five minutes.
@@ -71,6 +76,7 @@ impl ApprovalPolicy {
 
     /// Checks the policy's own values, as stored policies are checked too.
     pub fn check(&self) -> Result<(), String> {
+        self.rate_limits.check()?;
         match self.approval_timeout_secs {
             Some(0) => return Err("approval_timeout_secs must be at least 1".into()),
             Some(secs) if secs > MAX_APPROVAL_TIMEOUT_SECS => {
@@ -102,6 +108,9 @@ impl ApprovalPolicy {
         if let Some(secs) = patch.approval_timeout_secs {
             self.approval_timeout_secs = secs;
         }
+        if let Some(limits) = patch.rate_limits {
+            self.rate_limits = limits.unwrap_or_default();
+        }
         for (name, tool) in &patch.tools {
             match tool {
                 Some(tool) => self.tools.insert(name.clone(), tool.clone()),
@@ -122,6 +131,9 @@ pub struct PolicyPatch {
     pub tools: BTreeMap<String, Option<ToolPolicy>>,
     #[serde(default, deserialize_with = "present")]
     pub approval_timeout_secs: Option<Option<u64>>,
+    /// Replaces the toolset's rate limits whole (`null`: none).
+    #[serde(default, deserialize_with = "present")]
+    pub rate_limits: Option<Option<RateLimits>>,
 }
 
 /// A field that is present: `null` is `Some(None)`, so that it can be told

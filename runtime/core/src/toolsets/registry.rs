@@ -26,6 +26,8 @@ pub struct Resolved {
     pub validator: Arc<Validator>,
     /// Seconds a call waits for approval, if the tool is gated.
     pub approval_timeout: Option<u64>,
+    /// The toolset's own rate limits.
+    pub rate_limits: crate::limits::RateLimits,
 }
 
 impl Registry {
@@ -150,6 +152,7 @@ impl Registry {
             },
             validator,
             approval_timeout,
+            rate_limits: s.policy.rate_limits,
         })
     }
 }

@@ -91,6 +91,7 @@ impl Engine {
                     resolved.qualified
                 )));
             }
+            self.within_rate_limits(by, &req, resolved).await?;
         }
         self.check_ancestors(by, req.thread_ancestors.as_deref())
             .await?;
@@ -181,6 +182,45 @@ impl Engine {
             }
         }
         Ok((Submitted::Created, reply(&group_id, call)))
+    }
+
+    /// Takes a token from each bucket the call counts against (Ferry's
+    /// limits, then its toolset's), or refuses it: 429, nothing recorded.
+    async fn within_rate_limits(
+        &self,
+        by: &Identity,
+        req: &SubmitCall,
+        resolved: &toolsets::Resolved,
+    ) -> Result<(), Error> {
+        let tool = format!("{}.{}", resolved.toolset, resolved.target.tool_name);
+        let user = req.user_id.as_deref();
+        let mut buckets = self.config.rate_limits.buckets("", by.name(), user, &tool);
+        let scope = format!("toolset:{}", resolved.toolset);
+        buckets.extend(resolved.rate_limits.buckets(&scope, by.name(), user, &tool));
+        if buckets.is_empty() {
+            return Ok(());
+        }
+        let Err(wait) = self
+            .buckets
+            .take(&buckets, super::now().as_millis())
+            .await?
+        else {
+            return Ok(());
+        };
+        // A retry of an accepted call changes nothing: no limit holds it.
+        if let Some(id) = &req.id {
+            if self.store.call(&req.group_id, id).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Err(Error::RateLimited {
+            message: format!(
+                "{} is over a rate limit for {tool}: retry in {} ms",
+                by.name(),
+                wait.as_millis().max(1)
+            ),
+            retry_after: wait,
+        })
     }
 
     /// A submission refused for its tool or arguments may be the retry of a

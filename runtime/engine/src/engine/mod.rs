@@ -80,6 +80,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Longest long-poll `wait`, in seconds.
     pub max_wait_secs: u64,
+    /// Rate limits on every call, besides each toolset's own.
+    pub rate_limits: crate::limits::RateLimits,
 }
 
 impl Default for Config {
@@ -89,6 +91,7 @@ impl Default for Config {
             max_id_bytes: 512,
             max_body_bytes: 1 << 20,
             max_wait_secs: 60,
+            rate_limits: crate::limits::RateLimits::default(),
         }
     }
 }
@@ -128,6 +131,12 @@ pub enum Error {
     /// A fault of Ferry's own (a command's task ended without an answer).
     #[error("{0}")]
     Forbidden(String),
+    /// Over a rate limit: try again after `retry_after`.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -160,6 +169,7 @@ impl Error {
             Error::Store(_) => C::StorageError,
             Error::Bus(_) => C::BusUnavailable,
             Error::Forbidden(_) => C::Forbidden,
+            Error::RateLimited { .. } => C::RateLimited,
             Error::Conflict(_) => C::Conflict,
             Error::Internal(_) => C::InternalError,
         }
@@ -212,6 +222,8 @@ pub struct Engine {
     tokens: std::sync::RwLock<tokens::TokenIndex>,
     /// Held across each change of the tokens, as `toolset_writes`.
     token_writes: tokio::sync::Mutex<()>,
+    /// Where rate-limit buckets are kept.
+    buckets: Arc<dyn crate::limiter::Buckets>,
     /// Approval timeouts armed in this process, by call: one each, however
     /// often recovery asks (with its task once it runs).
     armed: std::sync::Mutex<
@@ -256,6 +268,7 @@ impl Engine {
             catalog,
             tokens: Default::default(),
             token_writes: Default::default(),
+            buckets: Arc::new(crate::limiter::InMemory::default()),
             bus,
             registry: Registry::default(),
             caps,
@@ -270,6 +283,13 @@ impl Engine {
             stopping: tokio::sync::watch::Sender::new(false),
             acknowledgements: Acknowledgements::AtOnce,
         }
+    }
+
+    /// Keeps rate-limit buckets in `buckets` (a cluster's shared ones)
+    /// instead of this process's memory.
+    pub fn with_buckets(mut self, buckets: Arc<dyn crate::limiter::Buckets>) -> Self {
+        self.buckets = buckets;
+        self
     }
 
     /// How tools' 200s are recorded (at once, unless told otherwise).

@@ -13,6 +13,9 @@ use crate::engine::Error;
 pub struct ApiError {
     pub status: StatusCode,
     pub body: ErrorBody,
+    /// Whole seconds for `Retry-After` on a 429 (a 503 always says
+    /// [`RETRY_AFTER_SECS`]).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -20,6 +23,7 @@ impl ApiError {
         Self {
             status: status_of(code),
             body: ErrorBody::new(code, message),
+            retry_after_secs: None,
         }
     }
 }
@@ -27,7 +31,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        } else if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
@@ -64,6 +73,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | C::NotAwaitingChoice
         | C::TooManyViews => S::CONFLICT,
         C::RequestTimeout => S::REQUEST_TIMEOUT,
+        C::RateLimited => S::TOO_MANY_REQUESTS,
         C::SubscriptionGone => S::GONE,
         C::PayloadTooLarge | C::ViewsTooLarge => S::PAYLOAD_TOO_LARGE,
         C::InvalidArguments
@@ -87,11 +97,19 @@ impl From<Error> for ApiError {
             _ if api.status.is_server_error() => tracing::error!(error = %e, "request failed"),
             _ => {}
         }
+        if let Error::RateLimited { retry_after, .. } = &e {
+            api.retry_after_secs = Some(retry_secs(*retry_after));
+        }
         if let Error::InvalidArguments(errors) = e {
             api.body.error.parameter_errors = Some(errors);
         }
         api
     }
+}
+
+/// `Retry-After` is whole seconds: a wait rounded up, at least one.
+pub fn retry_secs(wait: std::time::Duration) -> u64 {
+    (wait.as_secs_f64().ceil() as u64).max(1)
 }
 
 #[cfg(test)]

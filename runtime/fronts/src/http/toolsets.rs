@@ -15,6 +15,7 @@ use super::body::JsonBody;
 use super::{detached, ApiError, AppState};
 use crate::engine::RegisteredToolset;
 use crate::identity::Scope;
+use crate::limits::RateLimits;
 use crate::toolsets::{
     cancel_subscription_schema, ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy,
     CANCEL_SUBSCRIPTION,
@@ -34,6 +35,8 @@ pub struct Register {
     tools: BTreeMap<String, ToolPolicy>,
     #[serde(default)]
     approval_timeout_secs: Option<u64>,
+    #[serde(default)]
+    rate_limits: RateLimits,
 }
 
 pub async fn register(
@@ -45,6 +48,7 @@ pub async fn register(
         approval: req.approval,
         tools: req.tools,
         approval_timeout_secs: req.approval_timeout_secs,
+        rate_limits: req.rate_limits,
     };
     let policy = (policy != ApprovalPolicy::default()).then_some(policy);
     let engine = app.engine.clone();

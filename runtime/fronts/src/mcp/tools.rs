@@ -295,6 +295,14 @@ pub async fn submit(
             "content": [{"type": "text", "text": format!("Error: {r}")}],
             "isError": true,
         }))),
+        // Refusals of this caller, not faults: a tool error the model
+        // can read, as a refused call in the thread is.
+        Err(e @ (Error::Forbidden(_) | Error::RateLimited { .. })) => {
+            Ok(Submitted::Refused(json!({
+                "content": [{"type": "text", "text": format!("Error: {e}")}],
+                "isError": true,
+            })))
+        }
         Err(e @ (Error::Store(_) | Error::Bus(_))) => Err(RpcError::internal(format!(
             "{e}: Ferry could not record the call and nothing changed; retry the same request"
         ))),

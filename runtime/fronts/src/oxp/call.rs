@@ -316,6 +316,8 @@ fn submit_error(e: Error) -> OxpError {
             "This credential may not call in this user's thread",
             e.to_string(),
         ),
+        Error::Forbidden(_) => bad("This credential may not make this call", e.to_string()),
+        Error::RateLimited { .. } => bad("Too many calls: over a rate limit", e.to_string()),
         Error::Store(_) | Error::Bus(_) => bad(
             "The tool server is temporarily unavailable",
             format!("{e}; nothing was recorded: retry the same request"),

@@ -7,6 +7,7 @@
 pub mod identity;
 pub mod mcp_sessions;
 pub mod pull;
+pub mod rate_limits;
 pub mod stop;
 pub mod streams;
 pub mod subjects;
