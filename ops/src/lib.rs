@@ -4,6 +4,7 @@
 pub mod args;
 pub mod bench;
 pub mod cluster;
+pub mod data_dir;
 pub mod demo_tool;
 pub mod listener;
 pub mod operator;

@@ -185,8 +185,7 @@ pub async fn start(
     metrics: Option<MetricsRender>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<(Running, tokio::task::JoinHandle<anyhow::Result<()>>)> {
-    std::fs::create_dir_all(&options.data)
-        .with_context(|| format!("creating data dir {}", options.data.display()))?;
+    crate::data_dir::prepare(&options.data)?;
     let secret = secret(&options.data, options.secret.as_deref())?;
     let listener = TcpListener::bind(options.listen)
         .await
