@@ -78,6 +78,10 @@ pub struct FerryOptions {
     pub log: Option<PathBuf>,
     /// The process's open-file limit (`ulimit -n`), when a test sets one.
     pub open_files: Option<u64>,
+    /// `serve`'s `--data`, when a test chooses it (one not there yet, or
+    /// one with a mode of its own); otherwise the harness's temp dir, which
+    /// exists before Ferry starts.
+    pub data: Option<PathBuf>,
 }
 
 impl Default for FerryOptions {
@@ -94,6 +98,7 @@ impl Default for FerryOptions {
             tool_servers: vec![],
             log: None,
             open_files: None,
+            data: None,
             command: "serve",
         }
     }
@@ -209,7 +214,8 @@ impl Ferry {
         }
         if self.options.command == "serve" {
             // A runtime node keeps nothing locally.
-            cmd.arg("--data").arg(self.data.path());
+            let data = self.options.data.as_deref().unwrap_or(self.data.path());
+            cmd.arg("--data").arg(data);
         }
         if self.options.demo {
             cmd.arg("--demo");

@@ -13,6 +13,7 @@ mod choices;
 mod cluster;
 mod connections;
 mod dashboard;
+mod data_dir;
 mod dispatch;
 mod durability;
 mod identities;
