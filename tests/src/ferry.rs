@@ -149,7 +149,12 @@ pub struct Ferry {
 
 impl Ferry {
     pub async fn start(options: FerryOptions) -> Ferry {
-        let data = tempfile::tempdir().expect("temp data dir");
+        // Owner-only, as `ferry serve` asks of its data dir: it warns at
+        // every start about one others may enter.
+        let data = tempfile::Builder::new()
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()
+            .expect("temp data dir");
         let mut ferry = Ferry {
             child: None,
             data,
