@@ -66,6 +66,9 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 meta.owner = identity.clone();
             }
             *meta.counts.entry(CallStatus::Queued).or_default() += 1;
+            if let Some(target) = target {
+                meta.tool_servers.insert(target.base_url.clone());
+            }
             let submission = Submission {
                 operation: operation.clone(),
                 arguments: arguments.clone(),

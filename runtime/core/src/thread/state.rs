@@ -31,6 +31,12 @@ pub struct ThreadMeta {
     /// what recovery walks after a restart.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub unsettled: BTreeSet<String>,
+    /// The base URLs of the tool servers this thread's calls were accepted
+    /// for: the servers told when it closes, and no others, since another
+    /// would learn of a thread it never saw. Threads recorded before this
+    /// was kept decode with none.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub tool_servers: BTreeSet<String>,
     /// How many calls are in each status.
     pub counts: BTreeMap<CallStatus, u64>,
     /// The latest `view_update` content per `view_type`.

@@ -534,3 +534,46 @@ fn retries_are_recorded_once_each_and_only_while_the_call_waits_for_dispatch() {
     assert_eq!(state.calls["c"].attempts, 3);
     assert_eq!(state.calls["d"].attempts, 0);
 }
+
+/// A thread keeps the tool servers its calls were accepted for, once each:
+/// they, and no others, are told when it closes. A built-in call has none,
+/// and a resubmission adds none.
+#[test]
+fn a_thread_keeps_the_tool_servers_its_calls_were_accepted_for() {
+    let on = |id: &str, base: &str| {
+        let mut call = new_call(id, json!({}));
+        call.target = Some(ToolTarget {
+            tool_name: "echo".into(),
+            base_url: base.into(),
+            endpoint: format!("{base}/invoke"),
+        });
+        Command::Submit(call)
+    };
+    let mut built_in = new_call("builtin", json!({}));
+    built_in.target = None;
+    let state = check(vec![
+        (on("a1", "http://a"), Ok(&["call_accepted"])),
+        (on("a2", "http://a"), Ok(&["call_accepted"])),
+        (on("b1", "http://b"), Ok(&["call_accepted"])),
+        (Command::Submit(built_in), Ok(&["call_accepted"])),
+        // The same call again, resolved meanwhile to another server: the
+        // call already here answers it, and records nothing.
+        (on("a1", "http://c"), Ok(&[])),
+    ]);
+    let servers: Vec<&str> = state.meta.tool_servers.iter().map(String::as_str).collect();
+    assert_eq!(servers, ["http://a", "http://b"]);
+}
+
+/// Thread metadata stored before it kept its tool servers decodes, with
+/// none; one without any stores none.
+#[test]
+fn thread_metadata_without_tool_servers_decodes() {
+    let meta = ThreadMeta {
+        group_id: G.into(),
+        ..ThreadMeta::default()
+    };
+    let stored = serde_json::to_value(&meta).unwrap();
+    assert!(stored.get("tool_servers").is_none(), "{stored}");
+    let read: ThreadMeta = serde_json::from_value(stored).unwrap();
+    assert_eq!(read, meta);
+}
