@@ -33,11 +33,20 @@ async fn setup() -> (TestTool, Ferry) {
 /// Submits call `id` in `group_id`, and returns the invocation the tool
 /// received once Ferry has recorded it as dispatched.
 async fn dispatched(api: &Api, tool: &TestTool, group_id: &str, id: &str) -> Invocation {
-    let (status, reply) = api
-        .submit(
-            json!({"operation": "op", "arguments": {"text": id}, "group_id": group_id, "id": id}),
-        )
-        .await;
+    dispatched_as(api, tool, "op", group_id, id).await
+}
+
+/// [`dispatched`], of the tool's `operation`.
+async fn dispatched_as(
+    api: &Api,
+    tool: &TestTool,
+    operation: &str,
+    group_id: &str,
+    id: &str,
+) -> Invocation {
+    let call =
+        json!({"operation": operation, "arguments": {"text": id}, "group_id": group_id, "id": id});
+    let (status, reply) = api.submit(call).await;
     assert_eq!(status, 202, "{reply}");
     let invocation = tool.next_invocation().await.invocation;
     assert_eq!(invocation.id, id);
@@ -435,7 +444,9 @@ async fn closing_a_thread_tells_the_tools_and_refuses_later_calls() {
         json!({"group_id": "g", "closed": true, "last_seq": 4})
     );
     // rap-3: "`POST /close_thread` `{"thread_id"}` — best effort, single
-    // shot, to every configured tool server when a thread is closed."
+    // shot, to every configured tool server when a thread is closed" (to
+    // those that had calls in it, here: see
+    // `notices_go_only_to_the_tool_servers_of_the_call_and_the_thread`).
     let (kind, notice) = tool.next_notice().await;
     assert_eq!(kind, "close_thread");
     assert_eq!(notice, json!({"thread_id": "g"}));
@@ -529,6 +540,93 @@ async fn closing_a_thread_ends_what_is_open_in_it() {
     let tick =
         json!({"type": "subscription_event", "group_id": "g", "tool_call_id": "sub", "text": "t"});
     assert_eq!(api.post(&sub.callback_url, &tick).await.0, 410);
+}
+
+/// The next `n` notices `tool` receives, as (path, thread, call), sorted:
+/// notices sent at once may arrive in any order.
+async fn notices(tool: &TestTool, n: usize) -> Vec<(String, String, String)> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let (kind, body) = tool.next_notice().await;
+        let field = |name: &str| body[name].as_str().unwrap_or_default().to_owned();
+        got.push((kind, field("thread_id"), field("tool_call_id")));
+    }
+    got.sort();
+    got
+}
+
+fn notice(kind: &str, thread: &str, call: &str) -> (String, String, String) {
+    (kind.into(), thread.into(), call.into())
+}
+
+/// rap-3 sends notices to every tool server: `/cancel_tool_call` is "sent
+/// concurrently to every configured tool server when a call or
+/// subscription is cancelled", and `/close_thread` goes "to every
+/// configured tool server when a thread is closed". Ferry sends a cancel
+/// only to the call's own tool server, and a close only to the servers that
+/// had calls in the thread: any other would learn thread and call ids it
+/// never saw (of other agents' conversations, for a tool that may be
+/// anyone's), and has nothing of them to stop or free.
+///
+/// Each server's next notices are awaited in turn: one leaked to it would
+/// have come before those of the thread after, and be among them.
+#[tokio::test(flavor = "multi_thread")]
+async fn notices_go_only_to_the_tool_servers_of_the_call_and_the_thread() {
+    let a = TestTool::start("A", &["op_a"]).await;
+    let b = TestTool::start("B", &["op_b"]).await;
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![a.url.clone(), b.url.clone()],
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+
+    // A call of A's, cancelled, in a thread then closed: A is told both.
+    dispatched_as(&api, &a, "op_a", "g", "c").await;
+    let (status, call) = api.delete("/v1/threads/g/calls/c").await;
+    assert_eq!((status, call["status"].as_str()), (200, Some("cancelled")));
+    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(
+        notices(&a, 2).await,
+        [
+            notice("cancel_tool_call", "g", "c"),
+            notice("close_thread", "g", "")
+        ]
+    );
+
+    // B's first notices are of its own call's thread, not of `g`.
+    dispatched_as(&api, &b, "op_b", "h", "d").await;
+    let (status, closed) = api.post("/v1/threads/h/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(
+        notices(&b, 2).await,
+        [
+            notice("cancel_tool_call", "h", "d"),
+            notice("close_thread", "h", "")
+        ]
+    );
+
+    // A thread with a call on each: each server is told of its own call,
+    // and both of the close; A's next notices are these, not `h`'s.
+    dispatched_as(&api, &a, "op_a", "k", "e").await;
+    dispatched_as(&api, &b, "op_b", "k", "f").await;
+    let (status, closed) = api.post("/v1/threads/k/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(
+        notices(&a, 2).await,
+        [
+            notice("cancel_tool_call", "k", "e"),
+            notice("close_thread", "k", "")
+        ]
+    );
+    assert_eq!(
+        notices(&b, 2).await,
+        [
+            notice("cancel_tool_call", "k", "f"),
+            notice("close_thread", "k", "")
+        ]
+    );
 }
 
 /// The value of the first sample of `metric` whose line contains `label`.

@@ -62,11 +62,11 @@ impl Notifier {
         debug!(url = %shown, ok = sent.is_ok(), "notified tool server");
     }
 
-    /// Sends `/cancel_tool_call` to every server at once, once each. The
+    /// Sends `/cancel_tool_call` to `server` (the call's own), once. The
     /// caller does not wait on it: spawn the returned future.
     pub fn cancel_tool_call(
         &self,
-        servers: Vec<String>,
+        server: String,
         thread_id: &str,
         tool_call_id: &str,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -75,17 +75,11 @@ impl Notifier {
             thread_id: thread_id.to_owned(),
             tool_call_id: tool_call_id.to_owned(),
         };
-        async move {
-            join_all(
-                servers
-                    .into_iter()
-                    .map(|s| this.post(format!("{s}/cancel_tool_call"), &body)),
-            )
-            .await;
-        }
+        async move { this.post(format!("{server}/cancel_tool_call"), &body).await }
     }
 
-    /// Sends `/close_thread` to every server at once, once each.
+    /// Sends `/close_thread` to `servers` (those that had calls in the
+    /// thread) at once, once each.
     pub fn close_thread(
         &self,
         servers: Vec<String>,

@@ -86,14 +86,6 @@ impl Registry {
         }
     }
 
-    /// The distinct base URLs of all tool servers, for notifications.
-    pub fn servers(&self) -> Vec<String> {
-        let mut urls: Vec<_> = self.list().iter().map(|t| t.stored.url.clone()).collect();
-        urls.sort();
-        urls.dedup();
-        urls
-    }
-
     /// Toolsets (latest versions) that define a tool named `tool`: more than
     /// one means the bare name is ambiguous.
     pub fn defining(&self, tool: &str) -> Vec<String> {

@@ -116,14 +116,12 @@ impl Engine {
             id: id.clone(),
             text,
         };
-        let outcome = self.execute(&group_id, command).await?.decision.outcome;
+        let executed = self.execute(&group_id, command).await?;
+        let outcome = executed.decision.outcome;
         if outcome == Outcome::Applied {
             warn!(group_id, call_id = ?id, "the tool's result was too large to record; the call failed");
             ::metrics::counter!(metrics::OUTCOMES, "status" => "failed").increment(1);
-            tokio::spawn(
-                self.notifier
-                    .cancel_tool_call(self.servers(), &group_id, &id),
-            );
+            self.tell_cancelled(&group_id, &executed.state.calls[&id]);
         }
         Ok(outcome)
     }
@@ -176,10 +174,7 @@ impl Engine {
                         group_id, call_id = ?id, limit = crate::thread::MAX_ACTIVE_SUBSCRIPTIONS,
                         "subscription refused: the thread holds as many active subscriptions as it may"
                     );
-                    tokio::spawn(
-                        self.notifier
-                            .cancel_tool_call(self.servers(), &group_id, &id),
-                    );
+                    self.tell_cancelled(&group_id, &executed.state.calls[&id]);
                 }
                 EventKind::SubscriptionEvent { is_final: true, .. }
                     if executed.state.calls[&id].status == CallStatus::Completed =>

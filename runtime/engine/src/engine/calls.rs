@@ -166,7 +166,7 @@ impl Engine {
                 .iter()
                 .any(|c| matches!(c.kind, EventKind::SubscriptionCancelled { .. }));
             if did_cancel {
-                self.call_cancelled(&group_id, &cancelled);
+                self.call_cancelled(&group_id, &state.calls[&cancelled]);
             }
         } else {
             match call.status {
@@ -343,7 +343,7 @@ impl Engine {
             .await?;
         let call = executed.state.calls[id].clone();
         if call.status == CallStatus::Cancelled {
-            self.call_cancelled(group_id, id);
+            self.call_cancelled(group_id, &call);
         }
         Ok(call)
     }
@@ -383,23 +383,23 @@ impl Engine {
         command: Command,
     ) -> Result<CallRecord, Error> {
         let executed = self.execute_as(by, group_id, command).await?;
-        self.call_cancelled(group_id, id);
-        Ok(executed.state.calls[id].clone())
+        let call = executed.state.calls[id].clone();
+        self.call_cancelled(group_id, &call);
+        Ok(call)
     }
 
     /// Ends what a cancelled call (or subscription) still had here, its
-    /// approval timeout, and tells every tool server, best effort and
-    /// without waiting.
-    fn call_cancelled(&self, group_id: &str, id: &str) {
-        self.disarm(group_id, id);
-        info!(group_id, call_id = id, "call cancelled");
+    /// approval timeout, and tells its tool server.
+    fn call_cancelled(&self, group_id: &str, call: &CallRecord) {
+        self.disarm(group_id, &call.id);
+        info!(group_id, call_id = call.id, "call cancelled");
         ::metrics::counter!(metrics::OUTCOMES, "status" => "cancelled").increment(1);
-        tokio::spawn(self.notifier.cancel_tool_call(self.servers(), group_id, id));
+        self.tell_cancelled(group_id, call);
     }
 
     /// Closes a thread: what is open in it is cancelled (each call's tool
-    /// is told, as for any cancel), later calls are refused, and tool
-    /// servers are told the thread is closed.
+    /// is told, as for any cancel), later calls are refused, and the tool
+    /// servers that had calls in it are told the thread is closed.
     #[instrument(skip(self))]
     pub async fn close_thread(&self, by: &Identity, group_id: &str) -> Result<u64, Error> {
         self.check_id("group_id", group_id)?;
@@ -425,11 +425,18 @@ impl Engine {
                     event.kind,
                     EventKind::CallCancelled {} | EventKind::SubscriptionCancelled { .. }
                 );
-                if let (true, Some(id)) = (ended, event.id.as_deref()) {
-                    self.call_cancelled(group_id, id);
+                // `Close` reads every call it may end.
+                let call = event
+                    .id
+                    .as_ref()
+                    .and_then(|id| executed.state.calls.get(id));
+                if let (true, Some(call)) = (ended, call) {
+                    self.call_cancelled(group_id, call);
                 }
             }
-            tokio::spawn(self.notifier.close_thread(self.servers(), group_id));
+            // Only the servers that had calls here (`ThreadMeta::tool_servers`).
+            let servers = executed.state.meta.tool_servers.iter().cloned().collect();
+            tokio::spawn(self.notifier.close_thread(servers, group_id));
         }
         Ok(executed.state.meta.last_seq)
     }

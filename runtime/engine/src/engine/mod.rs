@@ -583,9 +583,16 @@ impl Engine {
         &self.config
     }
 
-    /// Every tool server's base URL, for best-effort notifications.
-    fn servers(&self) -> Vec<String> {
-        self.registry.servers()
+    /// Sends `/cancel_tool_call` for `call` to its own tool server (a
+    /// built-in has none), best effort and without waiting. Only to its
+    /// own: any other would learn of a thread and a call it never saw.
+    fn tell_cancelled(&self, group_id: &str, call: &crate::thread::CallRecord) {
+        if let Some(target) = &call.target {
+            let notice =
+                self.notifier
+                    .cancel_tool_call(target.base_url.clone(), group_id, &call.id);
+            tokio::spawn(notice);
+        }
     }
 }
 
