@@ -119,6 +119,8 @@ async fn an_owner_only_data_dir_is_not_warned_about() {
     let root = tempfile::tempdir().unwrap();
     let log = root.path().join("ferry.log");
     let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
     let ferry = Ferry::start(FerryOptions {
         data: Some(data),
         log: Some(log.clone()),
