@@ -559,6 +559,13 @@ fn notice(kind: &str, thread: &str, call: &str) -> (String, String, String) {
     (kind.into(), thread.into(), call.into())
 }
 
+async fn close(api: &Api, group_id: &str) {
+    let (status, closed) = api
+        .post(&format!("/v1/threads/{group_id}/close"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{closed}");
+}
+
 /// rap-3 sends notices to every tool server: `/cancel_tool_call` is "sent
 /// concurrently to every configured tool server when a call or
 /// subscription is cancelled", and `/close_thread` goes "to every
@@ -585,8 +592,7 @@ async fn notices_go_only_to_the_tool_servers_of_the_call_and_the_thread() {
     dispatched_as(&api, &a, "op_a", "g", "c").await;
     let (status, call) = api.delete("/v1/threads/g/calls/c").await;
     assert_eq!((status, call["status"].as_str()), (200, Some("cancelled")));
-    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
-    assert_eq!(status, 200, "{closed}");
+    close(&api, "g").await;
     assert_eq!(
         notices(&a, 2).await,
         [
@@ -597,8 +603,7 @@ async fn notices_go_only_to_the_tool_servers_of_the_call_and_the_thread() {
 
     // B's first notices are of its own call's thread, not of `g`.
     dispatched_as(&api, &b, "op_b", "h", "d").await;
-    let (status, closed) = api.post("/v1/threads/h/close", &json!({})).await;
-    assert_eq!(status, 200, "{closed}");
+    close(&api, "h").await;
     assert_eq!(
         notices(&b, 2).await,
         [
@@ -611,8 +616,7 @@ async fn notices_go_only_to_the_tool_servers_of_the_call_and_the_thread() {
     // and both of the close; A's next notices are these, not `h`'s.
     dispatched_as(&api, &a, "op_a", "k", "e").await;
     dispatched_as(&api, &b, "op_b", "k", "f").await;
-    let (status, closed) = api.post("/v1/threads/k/close", &json!({})).await;
-    assert_eq!(status, 200, "{closed}");
+    close(&api, "k").await;
     assert_eq!(
         notices(&a, 2).await,
         [
