@@ -62,9 +62,7 @@ impl Engine {
     /// process changed one.
     pub async fn load_tokens(&self) -> Result<(), Error> {
         let _writing = self.token_writes.lock().await;
-        let stored = self.catalog.tokens().await?;
-        *self.tokens.write().expect("tokens lock") = TokenIndex::new(stored);
-        Ok(())
+        self.reload_tokens_holding_lock().await
     }
 
     /// Whether the records were read from the store yet.
