@@ -10,6 +10,7 @@ use std::time::Duration;
 use backoff::backoff::Backoff;
 use backoff::ExponentialBackoffBuilder;
 use ferry_engine::engine::{Engine, Error};
+use ferry_engine::identity::Identity;
 use tracing::{info, warn};
 
 /// The first retry of an unreachable tool server comes after about this.
@@ -45,7 +46,10 @@ async fn retry(engine: Arc<Engine>, url: String) {
 /// Tries to register `url` once: `false` when its server cannot be
 /// reached yet (worth another try), `true` when registered or refused.
 async fn settled(engine: &Engine, url: &str) -> bool {
-    match engine.register_toolset(url, None, None).await {
+    match engine
+        .register_toolset(&Identity::ferry(), url, None, None)
+        .await
+    {
         Ok(t) => {
             info!(toolset = ?t.name, url = t.url, tools = t.tools.len(), "toolset registered");
             true

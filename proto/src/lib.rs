@@ -5,6 +5,7 @@
 //! `shared/specs/` show; `tests/spec_examples.rs` holds each example.
 
 pub mod api;
+pub mod audit;
 pub mod bus;
 pub mod error_code;
 pub mod idempotency;

@@ -69,6 +69,19 @@ impl Api {
         .await
     }
 
+    pub async fn patch(&self, path: &str, body: &Value) -> (u16, Value) {
+        answer(
+            self.client
+                .patch(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .expect("PATCH"),
+        )
+        .await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.post_raw(path, body.to_string().into_bytes()).await
     }

@@ -6,6 +6,7 @@
 mod acp;
 mod api_tokens;
 mod approvals;
+mod audit;
 mod callbacks;
 mod calls;
 mod chaos;

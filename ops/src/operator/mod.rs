@@ -1,11 +1,12 @@
 //! Operator commands: `ferry toolsets`, `tools`, `calls`, `approvals`,
-//! `threads`, `tokens` and `replay`, clients of a running Ferry's native API
+//! `threads`, `tokens`, `audit` and `replay`, clients of a running Ferry's native API
 //! (`ferry serve`, or any runtime node of a cluster). They print Ferry's
 //! answers as JSON (a replay, one event per line) for people and scripts
 //! alike, and say what Ferry refused on stderr, with an exit code per kind
 //! of failure ([`Failure::exit_code`]).
 
 mod approvals;
+mod audit;
 mod calls;
 pub mod client;
 mod threads;
@@ -18,6 +19,7 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 
 pub use approvals::Approvals;
+pub use audit::Audit;
 pub use calls::Calls;
 pub use client::Failure;
 pub use threads::{Replay, Threads};
@@ -86,6 +88,8 @@ pub enum Operator {
     Threads(Threads),
     /// Make, list and revoke named API tokens (needs `admin`).
     Tokens(Tokens),
+    /// Read the audit log, one JSON object per line (needs `admin`).
+    Audit(Audit),
     /// Print a thread's events, one JSON object per line (`--follow` to
     /// keep reading).
     Replay(Replay),
@@ -100,6 +104,7 @@ pub async fn run(operator: Operator) -> Result<(), Failure> {
         Operator::Approvals(command) => command.run().await,
         Operator::Threads(command) => command.run().await,
         Operator::Tokens(command) => command.run().await,
+        Operator::Audit(command) => command.run().await,
         Operator::Replay(command) => command.run().await,
     }
 }

@@ -4,6 +4,7 @@
 //! name one call (`token`). Nothing here does I/O or reads a clock: the
 //! engine passes in the time and writes what is decided.
 
+pub mod audit;
 pub mod credential;
 pub mod digest;
 pub mod identity;

@@ -14,5 +14,5 @@ pub mod sessions;
 pub mod testing;
 
 pub use engine::{Acknowledgements, Config, Engine};
-pub use ferry_core::{credential, digest, identity, limits, thread, token, toolsets};
+pub use ferry_core::{audit, credential, digest, identity, limits, thread, token, toolsets};
 pub use ferry_store as store;

@@ -45,12 +45,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::audit::{self, AuditStream};
 use crate::cluster::subjects::{self, Layout};
 use crate::store::log::Commit;
 use crate::store::{codec, CatalogStore, Durability, Durable, Error, Store, Watch, Write};
 use crate::thread::{CallRecord, ThreadMeta, ThreadState};
 use crate::toolsets::StoredToolset;
 use ferry_core::credential::StoredToken;
+use ferry_proto::audit::{AuditEntry, AuditQuery, AuditRecord};
 
 pub const TOOLSETS_BUCKET: &str = "ferry_toolsets";
 pub const TOKENS_BUCKET: &str = "ferry_tokens";
@@ -100,6 +102,7 @@ pub struct JetStreamStore {
     layout: Layout,
     toolsets: kv::Store,
     tokens: kv::Store,
+    audit: AuditStream,
     tips: Arc<Tips>,
     /// Watched threads whose tip must be read again from the stream (a
     /// read failed, or the republish may have been missed): read within
@@ -189,6 +192,7 @@ impl JetStreamStore {
         };
         let toolsets = catalog_bucket(&js, TOOLSETS_BUCKET, replicas).await?;
         let tokens = catalog_bucket(&js, TOKENS_BUCKET, replicas).await?;
+        let audit = AuditStream::connect(&js, replicas).await?;
         let copier = Copier {
             js: js.clone(),
             layout,
@@ -199,6 +203,7 @@ impl JetStreamStore {
             layout,
             toolsets,
             tokens,
+            audit,
             tips: Arc::default(),
             tips_unread: Arc::default(),
             positions: Mutex::default(),
@@ -828,6 +833,9 @@ impl Store for JetStreamStore {
             .commit(group_id, commit.dispatches().next().is_some());
         let size = body.len();
         let stream_seq = self.publish(subject, headers, body.into()).await?;
+        // After the commit is stored, never for one that lost its race;
+        // the request is answered once they are stored too.
+        let audited = self.audit.send(write.audit).await?;
         self.copy_settled(group_id, &write.state.calls, commit.meta.last_seq);
         let last_seq = commit.meta.last_seq;
         self.remember(group_id, last_seq, stream_seq);
@@ -840,7 +848,11 @@ impl Store for JetStreamStore {
         }
         debug!(group_id, last_seq, "commit appended");
         advance(&self.tips, group_id, last_seq);
-        Ok(Durable::ready())
+        Ok(if audited.is_empty() {
+            Durable::ready()
+        } else {
+            Durable::new(audit::confirm(audited))
+        })
     }
 
     async fn durable(&self, _group_id: &str) -> Result<(), Error> {
@@ -967,6 +979,16 @@ impl Store for JetStreamStore {
     }
 
     /// Each thread's unsettled calls, from its last commit.
+    async fn record_audit(&self, entries: &[AuditEntry]) -> Result<(), Error> {
+        connected(&self.js)?;
+        self.audit.record(entries).await
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error> {
+        connected(&self.js)?;
+        self.audit.read(query).await
+    }
+
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
         let mut out = vec![];
         for meta in self.threads().await? {

@@ -2,6 +2,7 @@
 //! the pieces that join `ferry runtime` nodes and `ferry worker`s
 //! (`cluster`).
 
+pub mod audit;
 pub mod cluster;
 pub mod jetstream;
 

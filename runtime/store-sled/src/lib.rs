@@ -25,6 +25,7 @@
 //! An append is shown to readers once a group commit made it durable
 //! (`Durable`), whether its caller waits for that or not.
 
+mod audit;
 pub mod commit;
 mod keys;
 mod pointer;
@@ -38,6 +39,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
+use ferry_proto::audit::{AuditEntry, AuditQuery, AuditRecord};
 use lru::LruCache;
 use std::collections::{hash_map::Entry, BTreeSet, HashMap};
 use tip::Tip;
@@ -67,6 +69,7 @@ pub struct SledStore {
     calls: sled::Tree,
     toolsets: sled::Tree,
     tokens: sled::Tree,
+    audit: audit::AuditLog,
     commit: GroupCommit,
     /// Per thread with a write in flight or a reader waiting: the last
     /// durable sequence number. Readers never see past it, so an event that
@@ -143,6 +146,7 @@ impl SledStore {
             }
         }
         Ok(Self {
+            audit: audit::AuditLog::open(&db)?,
             log,
             calls,
             toolsets,
@@ -304,6 +308,9 @@ impl SledStore {
             );
             return Err(e);
         }
+        // Before the flush that makes the commit durable: that flush
+        // makes them durable too.
+        self.poison_on(self.audit.insert(write.audit))?;
         // The events move to the tip; the cached commit keeps none.
         let events = std::mem::take(&mut commit.events);
         if let Some(tip) = self.tips.lock().expect("tips lock").get_mut(group_id) {
@@ -455,6 +462,18 @@ impl Store for SledStore {
                 Durable::ready()
             }
         })
+    }
+
+    async fn record_audit(&self, entries: &[AuditEntry]) -> Result<(), Error> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(poisoned_error());
+        }
+        self.poison_on(self.audit.insert(entries))?;
+        self.flush().await
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error> {
+        self.audit.read(query)
     }
 
     async fn durable(&self, group_id: &str) -> Result<(), Error> {

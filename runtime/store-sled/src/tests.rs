@@ -48,6 +48,7 @@ async fn append_next(store: &SledStore, g: &str, seq: u64, calls: &[CallRecord])
         expected_last_seq: seq - 1,
         state: &state,
         events: &[event(g, seq)],
+        audit: &[],
     };
     store.append(write, Durability::Await).await.unwrap()
 }
@@ -118,6 +119,7 @@ async fn a_poisoned_store_shows_nothing_more() {
                 expected_last_seq: 2,
                 state: &state,
                 events: &[event("g", 3)],
+                audit: &[],
             },
             Durability::Await,
         )
@@ -159,6 +161,7 @@ async fn writes_read_back_and_a_stale_expectation_conflicts() {
         expected_last_seq: 0,
         state: &state,
         events: &events,
+        audit: &[],
     };
     let durable = store.append(write(), Durability::Await).await.unwrap();
     durable.await.unwrap();

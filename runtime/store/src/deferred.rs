@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
+use ferry_proto::audit::{AuditEntry, AuditQuery, AuditRecord};
 use tokio::sync::watch;
 
 use crate::{CatalogStore, Durability, Durable, Error, Store, Watch, Write};
@@ -146,6 +147,14 @@ impl Store for Deferred {
 
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error> {
         self.get()?.open_calls().await
+    }
+
+    async fn record_audit(&self, entries: &[AuditEntry]) -> Result<(), Error> {
+        self.get()?.record_audit(entries).await
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error> {
+        self.get()?.audit(query).await
     }
 }
 

@@ -13,6 +13,7 @@ pub mod testing;
 
 use async_trait::async_trait;
 use ferry_proto::api::Event;
+use ferry_proto::audit::{AuditEntry, AuditQuery, AuditRecord};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -120,6 +121,9 @@ pub struct Write<'a> {
     pub expected_last_seq: u64,
     pub state: &'a ThreadState,
     pub events: &'a [Event],
+    /// What the audit log records of these events: stored with them (each
+    /// once by its key), durable when they are.
+    pub audit: &'a [AuditEntry],
 }
 
 /// How soon the caller of [`Store::append`] needs the append durable.
@@ -257,6 +261,15 @@ pub trait Store: Send + Sync + 'static {
     /// awaiting, subscribed, pending approval, or owing a user's choice to
     /// the tool), as `(group_id, id)`: what recovery walks.
     async fn open_calls(&self) -> Result<Vec<(String, String)>, Error>;
+
+    /// Appends entries to the audit log, each unless an entry with its key
+    /// is there already; durable when this returns. (A thread's changes
+    /// bring theirs in their [`Write`].)
+    async fn record_audit(&self, entries: &[AuditEntry]) -> Result<(), Error>;
+
+    /// The audit log's entries `query` wants, in log order, at most
+    /// `query.limit`.
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error>;
 }
 
 /// What operators register: toolsets, and named API tokens (their records,

@@ -210,6 +210,7 @@ async fn a_write_that_loses_a_race_is_a_conflict_whatever_nats_calls_it() {
                 expected_last_seq,
                 state: &state,
                 events: &events,
+                audit: &[],
             };
             store.append(write, Durability::Await).await
         });

@@ -8,6 +8,7 @@
 
 mod acks;
 mod approvals;
+mod audit;
 mod callbacks;
 pub mod calls;
 mod choices;
@@ -237,6 +238,8 @@ pub struct Engine {
     stopping: tokio::sync::watch::Sender<bool>,
     /// [`Engine::with_acknowledgements`].
     acknowledgements: Acknowledgements,
+    /// Refused requests recorded in the audit log lately.
+    refusals: audit::Refusals,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -282,6 +285,7 @@ impl Engine {
             acks: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
             acknowledgements: Acknowledgements::AtOnce,
+            refusals: audit::Refusals::default(),
         }
     }
 
@@ -439,6 +443,7 @@ impl Engine {
             if let Ok(decision) = &decided {
                 events.extend(thread::apply(&mut state, at, decision.changes.clone()));
             }
+            let audit = audited(&state, &events[acked..], asked, &decided);
             if events.is_empty() && maybe_stale {
                 drop(guard);
                 self.acks.restore(group_id, acks, self.ack_hold());
@@ -452,6 +457,9 @@ impl Engine {
                 // which may hold another request's write not yet flushed
                 // (or a held one): a crash must not take its reason back.
                 self.store.durable(group_id).await?;
+                if !audit.is_empty() {
+                    self.store.record_audit(&audit).await?;
+                }
                 return Ok(Executed {
                     decision: decided?,
                     events,
@@ -470,6 +478,7 @@ impl Engine {
                 expected_last_seq,
                 state: &state,
                 events: &events,
+                audit: &audit,
             };
             let written = self.store.append(write, durability).await;
             drop(guard);
@@ -601,6 +610,32 @@ impl Engine {
 /// have recorded nothing had it come after that. Each keeps the time the
 /// tool answered, unless an event written since is later: a thread's
 /// timestamps never go back.
+/// What the audit log records of a write: its events' entries and, when
+/// the command repeats one already recorded, its calls' entries again (a
+/// crash may have cut the first short before they were stored; their keys
+/// keep them once).
+fn audited(
+    state: &ThreadState,
+    events: &[Event],
+    asked: Option<(&Command, Option<&Identity>)>,
+    decided: &Result<Decision, Rejection>,
+) -> Vec<ferry_proto::audit::AuditEntry> {
+    let by = asked.and_then(|(_, by)| by).map(Identity::name);
+    let mut entries = crate::audit::of_events(state, events, by);
+    if let (Some((command, _)), Ok(decision)) = (asked, decided) {
+        if decision.outcome == thread::Outcome::Duplicate {
+            for call in command
+                .call_ids()
+                .into_iter()
+                .filter_map(|id| state.calls.get(id))
+            {
+                entries.extend(crate::audit::of_call(&state.meta.group_id, call));
+            }
+        }
+    }
+    entries
+}
+
 fn apply_acks(state: &mut ThreadState, acks: &[acks::Ack]) -> Vec<Event> {
     let mut events = vec![];
     for ack in acks {

@@ -11,6 +11,7 @@ use tracing::info;
 use super::{now, Engine, Error};
 use crate::credential::{self, SpecError, StoredToken, TokenSpec};
 use crate::identity::{Identity, Scope};
+use ferry_proto::audit::AuditKind;
 
 /// The records, by id and by digest.
 #[derive(Default)]
@@ -134,6 +135,10 @@ impl Engine {
         self.catalog.put_token(&record).await?;
         self.reload_tokens_holding_lock().await?;
         info!(id = %record.id, name = %record.name, by = by.name(), "token created");
+        let subject = format!("{} {}", record.id, record.name);
+        let scopes = record.scopes.iter().map(|s| s.name()).collect::<Vec<_>>();
+        self.audit_change(by, AuditKind::TokenCreated, subject, Some(scopes.join(",")))
+            .await?;
         Ok(MadeToken { record, secret })
     }
 
@@ -170,6 +175,9 @@ impl Engine {
         self.catalog.put_token(&record).await?;
         self.reload_tokens_holding_lock().await?;
         info!(id, by = by.name(), "token revoked");
+        let subject = format!("{} {}", record.id, record.name);
+        self.audit_change(by, AuditKind::TokenRevoked, subject, None)
+            .await?;
         Ok(record)
     }
 

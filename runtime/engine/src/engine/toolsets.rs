@@ -13,6 +13,7 @@ use crate::identity::Identity;
 use crate::toolsets::{
     self, ApprovalPolicy, DiscoveryError, LoadedToolset, PolicyPatch, StoredToolset,
 };
+use ferry_proto::audit::AuditKind;
 
 /// A registered toolset as the API shows it: what it holds, and which of
 /// its tools can be called by bare name.
@@ -92,6 +93,7 @@ impl Engine {
     /// restart's `--tool-server` must not ungate what a reviewer gated).
     pub async fn register_toolset(
         &self,
+        by: &Identity,
         url: &str,
         version: Option<&str>,
         policy: Option<ApprovalPolicy>,
@@ -147,13 +149,17 @@ impl Engine {
             registered_at: now(),
             policy,
         };
-        self.install(stored).await
+        let registered = self.install(stored).await?;
+        self.audit_toolset(by, AuditKind::ToolsetRegistered, &registered, None)
+            .await?;
+        Ok(registered)
     }
 
     /// Changes the approval policy of one version, or of every version, of
     /// a toolset, without fetching it again.
     pub async fn set_policy(
         &self,
+        by: &Identity,
         name: &str,
         version: Option<&Version>,
         patch: &PolicyPatch,
@@ -181,7 +187,12 @@ impl Engine {
         }
         let mut changed = vec![];
         for loaded in checked {
-            changed.push(self.install_checked(loaded).await?);
+            // The policy as it now is, whole.
+            let policy = serde_json::to_string(&loaded.stored.policy).ok();
+            let registered = self.install_checked(loaded).await?;
+            self.audit_toolset(by, AuditKind::PolicyChanged, &registered, policy)
+                .await?;
+            changed.push(registered);
         }
         Ok(changed)
     }
@@ -189,6 +200,7 @@ impl Engine {
     /// Fetches a registered toolset again from where it came.
     pub async fn refresh_toolset(
         &self,
+        by: &Identity,
         name: &str,
         version: Option<&Version>,
     ) -> Result<RegisteredToolset, Error> {
@@ -225,7 +237,24 @@ impl Engine {
             registered_at: now(),
             policy: current.stored.policy.clone(),
         };
-        self.install(stored).await
+        let registered = self.install(stored).await?;
+        let refreshed = Some("fetched again".to_owned());
+        self.audit_toolset(by, AuditKind::ToolsetRegistered, &registered, refreshed)
+            .await?;
+        Ok(registered)
+    }
+
+    /// Records a change of a toolset in the audit log, before it is
+    /// answered.
+    async fn audit_toolset(
+        &self,
+        by: &Identity,
+        kind: AuditKind,
+        toolset: &RegisteredToolset,
+        detail: Option<String>,
+    ) -> Result<(), Error> {
+        let subject = format!("{}@{}", toolset.name, toolset.version);
+        self.audit_change(by, kind, subject, detail).await
     }
 
     async fn install(&self, stored: StoredToolset) -> Result<RegisteredToolset, Error> {
@@ -247,6 +276,7 @@ impl Engine {
     /// Removes one version, or every version, of a toolset.
     pub async fn delete_toolset(
         &self,
+        by: &Identity,
         name: &str,
         version: Option<&Version>,
     ) -> Result<usize, Error> {
@@ -258,6 +288,9 @@ impl Engine {
         for toolset in &removed {
             self.catalog
                 .delete_toolset(&toolset.name, &toolset.version)
+                .await?;
+            let subject = format!("{}@{}", toolset.name, toolset.version);
+            self.audit_change(by, AuditKind::ToolsetRemoved, subject, None)
                 .await?;
         }
         info!(toolset = name, versions = removed.len(), "toolset removed");

@@ -102,6 +102,13 @@ impl ApiTokens {
             .and_then(|engine| engine.identify(given))
     }
 
+    /// Records a refused request in the audit log (at a bounded rate).
+    fn audit_refusal(&self, who: &str, what: String) {
+        if let Some(engine) = &self.named {
+            engine.audit_refusal(who, what);
+        }
+    }
+
     /// Whether `given` is one of the tokens. Every digest is compared in
     /// full, with no early exit.
     pub(crate) fn accepts(&self, given: &str) -> bool {
@@ -186,9 +193,17 @@ pub async fn authenticate(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(super::bearer_token);
+    let what = format!("{} {}", request.method(), request.uri().path());
     if let Some(identity) = given.and_then(|t| tokens.identify(t)) {
+        let name = identity.name().to_owned();
         request.extensions_mut().insert(identity);
-        return next.run(request).await;
+        let response = next.run(request).await;
+        // A scope it lacks, a thread outside its reach, a user or tool
+        // outside its bounds.
+        if response.status() == axum::http::StatusCode::FORBIDDEN {
+            tokens.audit_refusal(&name, format!("{what}: forbidden"));
+        }
+        return response;
     }
     if tokens.unknown_yet() {
         return ApiError::new(
@@ -201,6 +216,12 @@ pub async fn authenticate(
     // line each would let them flood the log.
     let reason = if given.is_some() { "wrong" } else { "missing" };
     metrics::counter!(crate::metrics::UNAUTHORIZED, "token" => reason).increment(1);
+    let who = if given.is_some() {
+        "(an unknown or revoked token)"
+    } else {
+        "(no token)"
+    };
+    tokens.audit_refusal(who, format!("{what}: unauthorized"));
     tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
     let mut response = ApiError::new(
         ErrorCode::Unauthorized,

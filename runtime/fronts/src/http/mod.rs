@@ -2,6 +2,7 @@
 //! shape the answer. Status codes and error codes are chosen in `error`.
 
 mod approvals;
+mod audit;
 pub mod auth;
 pub(crate) mod body;
 mod callbacks;
@@ -189,6 +190,7 @@ fn guarded_routes(app: &AppState) -> Router<AppState> {
         .route("/v1/toolsets/{name}/refresh", post(toolsets::refresh))
         .route("/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/v1/tokens/{id}", delete(tokens::revoke))
+        .route("/v1/audit", get(audit::list))
         .route_layer(axum::middleware::from_fn(auth::admin_only));
     let thread = Router::new()
         .route("/v1/threads/{group_id}", get(threads::show))

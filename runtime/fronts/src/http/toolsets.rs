@@ -41,6 +41,7 @@ pub struct Register {
 
 pub async fn register(
     State(app): State<AppState>,
+    Caller(by): Caller,
     JsonBody(req): JsonBody<Register>,
 ) -> Result<(StatusCode, Json<RegisteredToolset>), ApiError> {
     // No policy given: a version already registered keeps its own.
@@ -54,7 +55,7 @@ pub async fn register(
     let engine = app.engine.clone();
     let registered = detached(async move {
         engine
-            .register_toolset(&req.url, req.version.as_deref(), policy)
+            .register_toolset(&by, &req.url, req.version.as_deref(), policy)
             .await
     })
     .await?;
@@ -65,6 +66,7 @@ pub async fn register(
 /// one version, or of all, without fetching the manifest again.
 pub async fn set_policy(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     JsonBody(patch): JsonBody<PolicyPatch>,
@@ -72,7 +74,7 @@ pub async fn set_policy(
     let version = version(&query)?;
     let (engine, n) = (app.engine.clone(), name.clone());
     let changed =
-        detached(async move { engine.set_policy(&n, version.as_ref(), &patch).await }).await?;
+        detached(async move { engine.set_policy(&by, &n, version.as_ref(), &patch).await }).await?;
     Ok(Json(json!({"name": name, "versions": changed})))
 }
 
@@ -118,6 +120,7 @@ fn version(query: &HashMap<String, String>) -> Result<Option<semver::Version>, A
 
 pub async fn refresh(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<RegisteredToolset>, ApiError> {
@@ -125,7 +128,7 @@ pub async fn refresh(
     Ok(Json(
         detached({
             let engine = app.engine.clone();
-            async move { engine.refresh_toolset(&name, version.as_ref()).await }
+            async move { engine.refresh_toolset(&by, &name, version.as_ref()).await }
         })
         .await?,
     ))
@@ -133,13 +136,14 @@ pub async fn refresh(
 
 pub async fn remove(
     State(app): State<AppState>,
+    Caller(by): Caller,
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
     let version = version(&query)?;
     let (engine, n) = (app.engine.clone(), name.clone());
     let removed =
-        detached(async move { engine.delete_toolset(&n, version.as_ref()).await }).await?;
+        detached(async move { engine.delete_toolset(&by, &n, version.as_ref()).await }).await?;
     Ok(Json(json!({"name": name, "removed_versions": removed})))
 }
 

@@ -1,0 +1,135 @@
+//! The audit log's other entries (a thread's come with its writes, in
+//! `Engine::run`), and reading it.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ferry_proto::audit::{AuditKind, AuditQuery, AuditRecord};
+
+use super::{now, Engine, Error};
+use crate::audit;
+use crate::identity::{Identity, Scope};
+
+/// Refused requests recorded per [`REFUSALS_WINDOW`] at most: anyone can
+/// send them, and each would be a write. The rest are counted, and the
+/// count is recorded with the next one let through.
+pub const REFUSALS_PER_WINDOW: u32 = 20;
+pub const REFUSALS_WINDOW: Duration = Duration::from_secs(10);
+
+/// How many refusals this window has recorded, and left out.
+#[derive(Debug)]
+pub(crate) struct Refusals {
+    window: Mutex<Window>,
+}
+
+#[derive(Debug)]
+struct Window {
+    started: Instant,
+    recorded: u32,
+    left_out: u64,
+}
+
+impl Default for Refusals {
+    fn default() -> Self {
+        Self {
+            window: Mutex::new(Window {
+                started: Instant::now(),
+                recorded: 0,
+                left_out: 0,
+            }),
+        }
+    }
+}
+
+impl Refusals {
+    /// Whether one more may be recorded now, with how many were left out
+    /// since the last one recorded.
+    fn admit(&self, at: Instant) -> Option<u64> {
+        let mut window = self.window.lock().expect("refusals lock");
+        if at.duration_since(window.started) >= REFUSALS_WINDOW {
+            window.started = at;
+            window.recorded = 0;
+        }
+        if window.recorded >= REFUSALS_PER_WINDOW {
+            window.left_out += 1;
+            return None;
+        }
+        window.recorded += 1;
+        Some(std::mem::take(&mut window.left_out))
+    }
+}
+
+impl Engine {
+    /// Records a change outside any thread (a toolset, a token) made by
+    /// `by`, durably, before the change is answered.
+    pub(crate) async fn audit_change(
+        &self,
+        by: &Identity,
+        kind: AuditKind,
+        subject: String,
+        detail: Option<String>,
+    ) -> Result<(), Error> {
+        let unique = uuid::Uuid::new_v4().simple().to_string();
+        let entry = audit::entry(kind, now(), by.name(), Some(subject), detail, &[&unique]);
+        self.store.record_audit(&[entry]).await?;
+        Ok(())
+    }
+
+    /// Records a request refused for its credential (`who`: the identity,
+    /// or what was presented), at a bounded rate, in the background: the
+    /// refusal is answered at once and changes nothing else.
+    pub fn audit_refusal(self: &std::sync::Arc<Self>, who: &str, what: String) {
+        let Some(left_out) = self.refusals.admit(Instant::now()) else {
+            return;
+        };
+        let detail = match left_out {
+            0 => what,
+            n => format!("{what} ({n} more refused before this and not recorded)"),
+        };
+        let unique = uuid::Uuid::new_v4().simple().to_string();
+        let entry = audit::entry(
+            AuditKind::AuthRefused,
+            now(),
+            who,
+            None,
+            Some(detail),
+            &[&unique],
+        );
+        let engine = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = engine.store.record_audit(&[entry]).await {
+                tracing::warn!(error = %e, "could not record a refused request in the audit log");
+            }
+        });
+    }
+
+    /// The audit log's entries `query` wants: `admin` only.
+    pub async fn audit_log(
+        &self,
+        by: &Identity,
+        query: &AuditQuery,
+    ) -> Result<Vec<AuditRecord>, Error> {
+        super::tokens::require(by, Scope::Admin)?;
+        Ok(self.store.audit(query).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_past_the_window_s_allowance_are_counted_and_told_with_the_next() {
+        let refusals = Refusals::default();
+        let start = Instant::now();
+        for _ in 0..REFUSALS_PER_WINDOW {
+            assert_eq!(refusals.admit(start), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(refusals.admit(start), None);
+        }
+        let later = start + REFUSALS_WINDOW;
+        assert_eq!(refusals.admit(later), Some(5));
+        assert_eq!(refusals.admit(later), Some(0));
+    }
+}
