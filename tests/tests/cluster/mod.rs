@@ -5,6 +5,7 @@
 //! killed and restarted under load.
 
 mod across_nodes;
+mod audit;
 mod bad_input;
 mod configuration;
 mod dispatch;
