@@ -54,6 +54,9 @@ pub struct RuntimeOptions {
     pub api_tokens: ApiTokens,
     /// Rate limits on every call, kept in JetStream KV for every node.
     pub rate_limits: ferry_engine::limits::RateLimits,
+    /// Where this node also writes the audit entries it records, as JSON
+    /// lines (`-`: stdout).
+    pub audit_log: Option<std::path::PathBuf>,
     /// How long a stopping node waits for the requests still running.
     pub drain: Duration,
     /// The connection cap and each connection's clocks.
@@ -364,8 +367,11 @@ pub async fn start_runtime(
     let buckets = Arc::new(KvBuckets::default());
     let mut config = engine_config(&public_url, options.max_body_bytes);
     config.rate_limits = options.rate_limits;
-    let engine =
-        Arc::new(engine(&options.cluster, config, store.clone())?.with_buckets(buckets.clone()));
+    let mut engine = engine(&options.cluster, config, store.clone())?.with_buckets(buckets.clone());
+    if let Some(path) = &options.audit_log {
+        engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
+    }
+    let engine = Arc::new(engine);
     ferry_engine::metrics::describe();
     // MCP sessions in JetStream KV: any node serves any session.
     let sessions = Arc::new(SharedSessions::default());

@@ -2,6 +2,7 @@
 //! the benchmark.
 
 pub mod args;
+pub mod audit_lines;
 pub mod bench;
 pub mod cluster;
 pub mod data_dir;

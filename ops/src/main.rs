@@ -200,6 +200,11 @@ struct FrontArgs {
     /// Every tool's calls (all callers together), as `--rate-limit-identity`.
     #[arg(long, env = "FERRY_RATE_LIMIT_TOOL", value_name = "RATE:BURST")]
     rate_limit_tool: Option<Limit>,
+    /// Also write every audit entry this process records as a line of
+    /// JSON to this file (appended; `-`: standard output), for a log
+    /// shipper. The log itself is `GET /v1/audit` either way.
+    #[arg(long, env = "FERRY_AUDIT_LOG", value_name = "PATH")]
+    audit_log: Option<PathBuf>,
 }
 
 impl FrontArgs {
@@ -506,6 +511,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
         rate_limits: args.fronts.rate_limits(),
+        audit_log: args.fronts.audit_log.clone(),
         drain: args.drain.drain(),
         limits: args.connections.limits(),
     };
@@ -533,6 +539,7 @@ async fn runtime(args: Runtime) -> anyhow::Result<()> {
         mcp: args.fronts.mcp(args.max_body_bytes),
         api_tokens: args.fronts.api_tokens()?,
         rate_limits: args.fronts.rate_limits(),
+        audit_log: args.fronts.audit_log.clone(),
         drain: args.drain.drain(),
         limits: args.connections.limits(),
     };

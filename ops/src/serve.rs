@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub api_tokens: ApiTokens,
     /// Rate limits on every call.
     pub rate_limits: RateLimits,
+    /// Where audit entries are also written as JSON lines (`-`: stdout).
+    pub audit_log: Option<PathBuf>,
     /// How long a stopping process waits for the requests still running
     /// ([`serve_http`]).
     pub drain: Duration,
@@ -65,6 +67,7 @@ impl Default for ServeOptions {
             mcp: Default::default(),
             api_tokens: ApiTokens::default(),
             rate_limits: RateLimits::default(),
+            audit_log: None,
             drain: DRAIN,
             limits: crate::listener::Limits::default(),
         }
@@ -208,17 +211,19 @@ pub async fn start(
         ..Config::default()
     };
     let store = Arc::new(store);
-    let engine = Arc::new(
-        Engine::new(
-            config,
-            store.clone(),
-            store,
-            Arc::new(bus.clone()),
-            Capabilities::new(&secret),
-            client.clone(),
-        )
-        .with_acknowledgements(Acknowledgements::SINGLE_PROCESS),
-    );
+    let mut engine = Engine::new(
+        config,
+        store.clone(),
+        store,
+        Arc::new(bus.clone()),
+        Capabilities::new(&secret),
+        client.clone(),
+    )
+    .with_acknowledgements(Acknowledgements::SINGLE_PROCESS);
+    if let Some(path) = &options.audit_log {
+        engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
+    }
+    let engine = Arc::new(engine);
     let worker = Worker::new(
         Dispatcher::new(client, options.dispatch.clone()),
         engine.clone(),

@@ -179,10 +179,31 @@ async fn the_log_says_who_submitted_decided_and_changed_what() {
         policy,
         [("api-token".into(), "ops@1.0.0".into(), String::new())]
     );
-    let refused: Vec<&Value> = all.iter().filter(|e| e["kind"] == "auth_refused").collect();
-    assert_eq!(refused[0]["detail"], "GET /v1/threads: unauthorized");
-    assert_eq!(refused[1]["identity"], "agent-7");
-    assert_eq!(refused[1]["detail"], "GET /v1/audit: forbidden");
+    // Recorded in the background, in either order.
+    let mut refused: Vec<(String, String, String)> = all
+        .iter()
+        .filter(|e| e["kind"] == "auth_refused")
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (field("identity"), field("detail"), field("outcome"))
+        })
+        .collect();
+    refused.sort();
+    assert_eq!(
+        refused,
+        [
+            (
+                "(an unknown or revoked token)".into(),
+                "GET /v1/threads: unauthorized".into(),
+                String::new()
+            ),
+            (
+                "agent-7".into(),
+                "GET /v1/audit: forbidden".into(),
+                String::new()
+            ),
+        ]
+    );
     // Entries reached only this process and the log: no secret in them.
     assert!(
         !serde_json::to_string(&all).unwrap().contains("ferry_"),
@@ -343,4 +364,66 @@ async fn after_kill_9_the_log_holds_each_acknowledged_action_once() {
     let mut want: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
     want.sort_unstable();
     assert_eq!(ids, want);
+}
+
+/// `--audit-log FILE`: each entry also as a line of JSON, for a log
+/// shipper, in a file only its owner reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn entries_are_also_written_as_json_lines_to_the_audit_log_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let tool = tool().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let ferry = Ferry::start(FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+            .api_token(ROOT)
+            .with_args(&["--audit-log", path.to_str().unwrap()])
+    })
+    .await;
+    let root = Api::with_token(&ferry.url, ROOT);
+    let call = json!({"operation": "look", "arguments": {}, "group_id": "g", "id": "c1"});
+    assert_eq!(root.submit(call).await.0, 202);
+    let lines = eventually("the submission's line", Duration::from_secs(10), || async {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a line of JSON"))
+            .collect();
+        lines
+            .iter()
+            .any(|l| l["kind"] == "call_submitted")
+            .then_some(lines)
+    })
+    .await;
+    let submitted = lines
+        .iter()
+        .find(|l| l["kind"] == "call_submitted")
+        .unwrap();
+    assert_eq!(
+        (&submitted["id"], &submitted["identity"]),
+        (&json!("c1"), &json!("api-token"))
+    );
+    // The same entry as the log's, by its key.
+    let logged = entries(&root, "&kind=call_submitted").await;
+    assert_eq!(logged[0]["key"], submitted["key"]);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+}
+
+#[test]
+fn an_audit_log_that_cannot_be_opened_stops_start_up_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (status, stderr) = ferry_tests::ferry::refused(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data.to_str().unwrap(),
+        "--audit-log",
+        "/nonexistent/dir/audit.jsonl",
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("--audit-log"), "{stderr}");
 }

@@ -183,6 +183,7 @@ pub async fn deploy(
             mcp: Default::default(),
             api_tokens: Default::default(),
             rate_limits: Default::default(),
+            audit_log: None,
             drain: crate::serve::DRAIN,
             limits: Default::default(),
         };

@@ -1,10 +1,11 @@
 //! The audit log's other entries (a thread's come with its writes, in
 //! `Engine::run`), and reading it.
 
+use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ferry_proto::audit::{AuditKind, AuditQuery, AuditRecord};
+use ferry_proto::audit::{AuditEntry, AuditKind, AuditQuery, AuditRecord};
 
 use super::{now, Engine, Error};
 use crate::audit;
@@ -59,7 +60,55 @@ impl Refusals {
     }
 }
 
+/// Where the audit log's entries are also written as JSON lines, for a
+/// log shipper: each entry this process records, once it is durable. A
+/// retried action may be written twice here (its `key` tells); the log
+/// itself holds it once.
+pub struct AuditLines {
+    out: Mutex<Box<dyn Write + Send>>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl AuditLines {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        Self {
+            out: Mutex::new(out),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn write(&self, entries: &[AuditEntry]) {
+        let mut out = self.out.lock().expect("audit lines lock");
+        let written = entries.iter().try_for_each(|entry| {
+            let line = serde_json::to_string(entry).map_err(std::io::Error::other)?;
+            writeln!(out, "{line}")
+        });
+        if let Err(e) = written.and_then(|()| out.flush()) {
+            // Said once: the log itself has the entries, and a full disk
+            // would otherwise add a line to the other log per entry.
+            if !self.failed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::error!(error = %e, "could not write audit lines (--audit-log)");
+            }
+        }
+    }
+}
+
 impl Engine {
+    /// Writes entries this process recorded to `--audit-log`, if set.
+    pub(crate) fn ship_audit(&self, entries: &[AuditEntry]) {
+        if let (Some(lines), false) = (&self.audit_lines, entries.is_empty()) {
+            lines.write(entries);
+        }
+    }
+
+    /// Records entries outside a thread's write (or a repeat's, which
+    /// writes nothing else), durably.
+    pub(crate) async fn store_audit(&self, entries: &[AuditEntry]) -> Result<(), Error> {
+        self.store.record_audit(entries).await?;
+        self.ship_audit(entries);
+        Ok(())
+    }
+
     /// Records a change outside any thread (a toolset, a token) made by
     /// `by`, durably, before the change is answered.
     pub(crate) async fn audit_change(
@@ -71,8 +120,7 @@ impl Engine {
     ) -> Result<(), Error> {
         let unique = uuid::Uuid::new_v4().simple().to_string();
         let entry = audit::entry(kind, now(), by.name(), Some(subject), detail, &[&unique]);
-        self.store.record_audit(&[entry]).await?;
-        Ok(())
+        self.store_audit(&[entry]).await
     }
 
     /// Records a request refused for its credential (`who`: the identity,
@@ -97,7 +145,7 @@ impl Engine {
         );
         let engine = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = engine.store.record_audit(&[entry]).await {
+            if let Err(e) = engine.store_audit(&[entry]).await {
                 tracing::warn!(error = %e, "could not record a refused request in the audit log");
             }
         });

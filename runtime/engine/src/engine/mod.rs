@@ -8,7 +8,7 @@
 
 mod acks;
 mod approvals;
-mod audit;
+pub mod audit;
 mod callbacks;
 pub mod calls;
 mod choices;
@@ -240,6 +240,8 @@ pub struct Engine {
     acknowledgements: Acknowledgements,
     /// Refused requests recorded in the audit log lately.
     refusals: audit::Refusals,
+    /// [`Engine::with_audit_lines`].
+    audit_lines: Option<audit::AuditLines>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -286,6 +288,7 @@ impl Engine {
             stopping: tokio::sync::watch::Sender::new(false),
             acknowledgements: Acknowledgements::AtOnce,
             refusals: audit::Refusals::default(),
+            audit_lines: None,
         }
     }
 
@@ -293,6 +296,13 @@ impl Engine {
     /// instead of this process's memory.
     pub fn with_buckets(mut self, buckets: Arc<dyn crate::limiter::Buckets>) -> Self {
         self.buckets = buckets;
+        self
+    }
+
+    /// Also writes each audit entry this process records to `out`, as a
+    /// line of JSON.
+    pub fn with_audit_lines(mut self, out: Box<dyn std::io::Write + Send>) -> Self {
+        self.audit_lines = Some(audit::AuditLines::new(out));
         self
     }
 
@@ -458,7 +468,7 @@ impl Engine {
                 // (or a held one): a crash must not take its reason back.
                 self.store.durable(group_id).await?;
                 if !audit.is_empty() {
-                    self.store.record_audit(&audit).await?;
+                    self.store_audit(&audit).await?;
                 }
                 return Ok(Executed {
                     decision: decided?,
@@ -510,6 +520,7 @@ impl Engine {
             if durability == Durability::Await {
                 durable.await?;
             }
+            self.ship_audit(&audit);
             return Ok(Executed {
                 decision: decided?,
                 events,
