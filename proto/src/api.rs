@@ -176,6 +176,10 @@ pub enum EventKind {
         /// credential Ferry authenticated, where `user_id` is only claimed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         identity: Option<String>,
+        /// `user_id` is one the identity's credential names (not only
+        /// what it claims).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        user_verified: bool,
         /// Where the call goes; absent for built-in tools.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target: Option<ToolTarget>,

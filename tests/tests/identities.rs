@@ -322,6 +322,27 @@ async fn a_token_bounded_to_a_user_and_tools_cannot_go_beyond_them_and_the_tool_
     let invoked = tool.next_invocation().await.invocation;
     assert_eq!(invoked.user_id.as_deref(), Some("u1"));
     assert_eq!(invoked.identity.as_deref(), Some("agent-7"));
+    // ... and that the credential vouches for the user.
+    assert!(invoked.user_verified, "{invoked:?}");
+    // A token bound to no user only claims one: the tool is told so, and
+    // whose claim it is.
+    let mut claimed = call("look", Some("u9"));
+    claimed["group_id"] = json!("root-thread");
+    let (status, answer) = send(
+        &ferry,
+        Some(&root),
+        Method::POST,
+        "/v1/calls",
+        Some(&claimed),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let invoked = tool.next_invocation().await.invocation;
+    assert_eq!(invoked.user_id.as_deref(), Some("u9"));
+    assert_eq!(invoked.identity.as_deref(), Some("root"));
+    assert!(!invoked.user_verified, "{invoked:?}");
+    let wire = serde_json::to_value(&invoked).unwrap();
+    assert!(wire.get("user_verified").is_none(), "{wire}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -93,6 +93,7 @@ impl Baseline {
             user_id: None,
             // As Ferry sends it, so both carry the same bytes.
             identity: Some("anonymous".into()),
+            user_verified: false,
         };
         let outcome = async {
             let r = self.http.post(&self.endpoint).json(&inv).send().await?;

@@ -24,4 +24,10 @@ pub struct Invocation {
     /// claims. Omitted for calls recorded before identities were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// Ferry's addition to rap-1: `true` when `user_id` is one the
+    /// identity's credential is bound to (a token made with `--user`, an
+    /// OXP JWT's `sub`), so a tool may authorize on it; absent when the
+    /// caller only claims it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user_verified: bool,
 }

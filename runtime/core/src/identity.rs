@@ -158,6 +158,15 @@ impl Identity {
         }
     }
 
+    /// This identity, acting only for `user`, whom its credential names
+    /// (an OXP JWT's `sub`): its calls' `user_id` is vouched for.
+    pub fn acting_for(mut self, user: impl Into<String>) -> Self {
+        let mut bounds = (*self.bounds).clone();
+        bounds.users = Some([user.into()].into());
+        self.bounds = Arc::new(bounds);
+        self
+    }
+
     /// A named token's identity. A prefix bounds its reach; without one, a
     /// token that may administer or cannot submit reaches every thread,
     /// and one that submits reaches only its own.

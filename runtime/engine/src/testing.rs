@@ -34,6 +34,7 @@ pub fn call(id: &str, text: &str) -> NewCall {
     NewCall {
         id: id.into(),
         identity: crate::identity::Identity::ANONYMOUS.into(),
+        user_verified: false,
         submission: Submission {
             operation: "echo".into(),
             arguments: serde_json::json!({ "text": text }),

@@ -588,6 +588,7 @@ fn accepted(call: &NewCall) -> Change {
             user_id: call.submission.user_id.clone(),
             thread_ancestors: call.submission.thread_ancestors.clone(),
             identity: Some(call.identity.clone()),
+            user_verified: call.user_verified,
             target: call.target.clone(),
         },
     )

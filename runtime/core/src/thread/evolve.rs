@@ -56,6 +56,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
             user_id,
             thread_ancestors,
             identity,
+            user_verified,
             target,
         } => {
             if meta.ancestors.is_none() {
@@ -85,6 +86,7 @@ pub fn evolve(state: &mut ThreadState, event: &Event) {
                 event.at,
             );
             record.identity = identity.clone();
+            record.user_verified = *user_verified;
             meta.unsettled.insert(id.to_owned());
             state.calls.insert(id.to_owned(), record);
         }

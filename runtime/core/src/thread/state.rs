@@ -61,6 +61,9 @@ pub struct CallRecord {
     /// claims); none for calls recorded before identities were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// Whether that identity's credential vouches for the `user_id`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub user_verified: bool,
     /// Fully qualified tool name: `Toolset.tool@version` (or the built-in's
     /// name).
     pub tool: String,
@@ -116,6 +119,7 @@ impl CallRecord {
             id: id.to_owned(),
             submission,
             identity: None,
+            user_verified: false,
             tool,
             target,
             status: CallStatus::Queued,
@@ -219,6 +223,8 @@ pub struct NewCall {
     pub submission: Submission,
     /// Who submits it.
     pub identity: String,
+    /// Whether the identity's credential vouches for the `user_id`.
+    pub user_verified: bool,
     pub tool: String,
     pub target: Option<ToolTarget>,
     /// Set when the tool is gated behind approval.

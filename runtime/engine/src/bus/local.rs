@@ -111,6 +111,7 @@ mod tests {
                 thread_ancestors: None,
                 user_id: None,
                 identity: None,
+                user_verified: false,
             },
         }
     }

@@ -323,6 +323,7 @@ impl Engine {
                 .or_else(|| call.submission.thread_ancestors.clone()),
             user_id: call.submission.user_id.clone(),
             identity: call.identity.clone(),
+            user_verified: call.user_verified,
         };
         Some(Work::Dispatch {
             endpoint: target.endpoint.clone(),
@@ -457,6 +458,8 @@ fn new_call(
     NewCall {
         id,
         identity: by.name().to_owned(),
+        // `user_for` took the user from the credential, or refused it.
+        user_verified: by.vouches_for_users() && req.user_id.is_some(),
         submission: Submission {
             operation: req.operation,
             arguments: req.arguments,

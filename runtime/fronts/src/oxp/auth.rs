@@ -175,7 +175,8 @@ impl Auth {
             }
             return Ok(match claims.sub {
                 Some(sub) => Authenticated {
-                    identity: Identity::agent(format!("{OXP_KEY_IDENTITY}:{sub}")),
+                    identity: Identity::agent(format!("{OXP_KEY_IDENTITY}:{sub}"))
+                        .acting_for(sub.clone()),
                     user_id: Some(sub),
                 },
                 None => Authenticated::as_identity(Identity::agent(OXP_KEY_IDENTITY)),

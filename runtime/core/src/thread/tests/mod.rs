@@ -25,6 +25,7 @@ fn new_call(id: &str, arguments: serde_json::Value) -> NewCall {
     NewCall {
         id: id.into(),
         identity: "agent".into(),
+        user_verified: false,
         submission: Submission {
             operation: "echo".into(),
             arguments,
