@@ -16,6 +16,7 @@ mod dashboard;
 mod data_dir;
 mod dispatch;
 mod durability;
+mod hardening;
 mod identities;
 mod limits;
 mod mcp;
