@@ -400,6 +400,7 @@ pub async fn start_runtime(
         metrics,
         perform.clone(),
         options.api_tokens.clone(),
+        &options.mcp.allowed_hosts,
     )
     .merge(crate::serve::protocol_fronts(
         &engine,

@@ -171,8 +171,9 @@ struct FrontArgs {
         value_parser = clap::value_parser!(u64).range(0..=MAX_OXP_WAIT_SECS)
     )]
     oxp_wait_secs: u64,
-    /// A `Host` (`name` or `name:port`) `/mcp` accepts besides loopback
-    /// (repeatable): DNS-rebinding protection refuses any other.
+    /// A `Host` (`name` or `name:port`) `/mcp` and the native API accept
+    /// besides loopback ones and the public URL's (repeatable):
+    /// DNS-rebinding protection refuses any other.
     #[arg(
         long = "mcp-allowed-host",
         env = "FERRY_MCP_ALLOWED_HOSTS",

@@ -265,15 +265,20 @@ pub async fn start(
     tokio::spawn(checks);
 
     let perform = Arc::new(ferry_fronts::http::Local(engine.clone()));
-    let app = ferry_fronts::http::router(engine.clone(), metrics, options.api_tokens.clone())
-        .merge(protocol_fronts(
-            &engine,
-            perform,
-            &public_url,
-            &options.oxp,
-            &options.mcp,
-            &options.api_tokens,
-        ));
+    let app = ferry_fronts::http::router(
+        engine.clone(),
+        metrics,
+        options.api_tokens.clone(),
+        &options.mcp.allowed_hosts,
+    )
+    .merge(protocol_fronts(
+        &engine,
+        perform,
+        &public_url,
+        &options.oxp,
+        &options.mcp,
+        &options.api_tokens,
+    ));
     // From the stop on, no dispatch attempt starts: the calls stay queued
     // and go out after the restart.
     let stop_began = Arc::new(OnceLock::new());

@@ -34,6 +34,7 @@ error_codes! {
     InvalidJson => "invalid_json",
     InvalidRequest => "invalid_request",
     PayloadTooLarge => "payload_too_large",
+    UnsupportedMediaType => "unsupported_media_type",
     RequestTimeout => "request_timeout",
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",

@@ -809,8 +809,14 @@ async fn a_cross_site_request_changes_nothing() {
         .await
         .unwrap();
     assert_eq!(read.status(), 200);
-    // The dashboard's own origin may decide.
-    let response = post("/v1/approvals/g/c", &ferry.url, approve)
+    // The dashboard's own origin may decide (in JSON, as the dashboard
+    // sends it: `hardening.rs` for other types).
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/approvals/g/c", ferry.url))
+        .header("content-type", "application/json")
+        .header("origin", &ferry.url)
+        .body(approve)
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);

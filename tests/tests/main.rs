@@ -17,6 +17,7 @@ mod dashboard;
 mod data_dir;
 mod dispatch;
 mod durability;
+mod hardening;
 mod identities;
 mod limits;
 mod mcp;

@@ -8,6 +8,7 @@
 pub mod bus;
 pub mod engine;
 pub mod limiter;
+pub mod log_rate;
 pub mod metrics;
 pub mod sessions;
 #[cfg(any(test, feature = "testing"))]

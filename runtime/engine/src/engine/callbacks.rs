@@ -8,8 +8,13 @@ use ferry_proto::rap::{Callback, Ending, Peek};
 use tracing::{info, instrument, warn};
 
 use super::{Engine, Error};
+use crate::log_rate::LogRate;
 use crate::metrics;
 use crate::thread::{Command, Outcome};
+
+/// Refused callbacks, logged a few a minute: anyone who can reach Ferry
+/// can send them.
+static REFUSED: LogRate = LogRate::new(std::time::Duration::from_secs(60), 5);
 
 impl Engine {
     /// Applies one callback, under its `Idempotency-Key` (without quotes)
@@ -26,7 +31,9 @@ impl Engine {
             Ok((kind, outcome)) => (*kind, outcome.name()),
             Err(e) => {
                 let kind = type_label(Peek::of(body).kind.as_deref());
-                warn!(kind, error = %e, "callback refused");
+                if let Some(suppressed) = REFUSED.admit() {
+                    warn!(kind, error = %e, suppressed, "callback refused");
+                }
                 (kind, "rejected")
             }
         };
@@ -37,7 +44,9 @@ impl Engine {
     /// Counts and logs a callback refused for its token before its body was
     /// read (403): someone probing callback URLs shows in both.
     pub fn forged_callback(&self) {
-        warn!(error = %Error::Forged, "callback refused");
+        if let Some(suppressed) = REFUSED.admit() {
+            warn!(error = %Error::Forged, suppressed, "callback refused");
+        }
         ::metrics::counter!(metrics::CALLBACKS, "type" => "unknown", "outcome" => "rejected")
             .increment(1);
     }
@@ -47,8 +56,26 @@ impl Engine {
     /// [`Engine::callback`], which counts the others.
     pub fn oversized_callback(&self, peek: &Peek) {
         let kind = type_label(peek.kind.as_deref());
-        warn!(kind, "callback refused: larger than the body limit");
+        if let Some(suppressed) = REFUSED.admit() {
+            warn!(
+                kind,
+                suppressed, "callback refused: larger than the body limit"
+            );
+        }
         ::metrics::counter!(metrics::CALLBACKS, "type" => kind, "outcome" => "rejected")
+            .increment(1);
+    }
+
+    /// Counts and logs a callback refused for its `Content-Type` (415): RAP
+    /// tools send `application/json`.
+    pub fn unsupported_callback(&self, content_type: Option<&str>) {
+        if let Some(suppressed) = REFUSED.admit() {
+            warn!(
+                ?content_type,
+                suppressed, "callback refused: not application/json"
+            );
+        }
+        ::metrics::counter!(metrics::CALLBACKS, "type" => "unknown", "outcome" => "rejected")
             .increment(1);
     }
 

@@ -51,6 +51,13 @@ pub async fn receive(
         app.engine.forged_callback();
         return Err(crate::engine::Error::Forged.into());
     }
+    // RAP tools send `application/json` (rap-2); anything else is refused
+    // unread, as the rest of the API refuses it (`media`).
+    if let Some(declared) = super::media::not_json(request.method(), request.headers()) {
+        let _ = read_body(request, limit, false).await;
+        app.engine.unsupported_callback(declared.as_deref());
+        return Err(super::media::unsupported(declared.as_deref()));
+    }
     // A bad key is refused before the body is looked at (drained first,
     // for the same reason as a forged token's).
     let key = match idempotency_key(request.headers()) {
@@ -176,7 +183,7 @@ mod tests {
                 .body(Body::from(result.to_string()))
                 .unwrap()
         };
-        let router = super::super::router(engine, None, Default::default());
+        let router = super::super::router(engine, None, Default::default(), &[]);
 
         store.poison();
         let answer = router.clone().oneshot(post()).await.unwrap();

@@ -76,6 +76,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         C::RateLimited => S::TOO_MANY_REQUESTS,
         C::SubscriptionGone => S::GONE,
         C::PayloadTooLarge | C::ViewsTooLarge => S::PAYLOAD_TOO_LARGE,
+        C::UnsupportedMediaType => S::UNSUPPORTED_MEDIA_TYPE,
         C::InvalidArguments
         | C::InvalidOption
         | C::InvalidToolset

@@ -8,6 +8,8 @@ pub(crate) mod body;
 mod callbacks;
 pub(crate) mod calls;
 mod error;
+pub(crate) mod host;
+mod media;
 mod ops;
 pub(crate) mod origin;
 pub(crate) mod path;
@@ -129,24 +131,30 @@ impl AppState {
     }
 }
 
-/// The whole native API of a single process.
+/// The whole native API of a single process, answering to loopback names,
+/// the public URL's and `hosts` (as `/mcp` does).
 pub fn router(
     engine: Arc<Engine>,
     metrics: Option<MetricsRender>,
     tokens: auth::ApiTokens,
+    hosts: &[String],
 ) -> Router {
     let perform = Arc::new(Local(engine.clone()));
-    router_with(engine, metrics, perform, tokens)
+    router_with(engine, metrics, perform, tokens, hosts)
 }
 
 /// The whole native API, with mutating requests going to `perform`. With
 /// `tokens`, all of it but tools' callbacks, the health check and the
-/// dashboard's page asks for one of them.
+/// dashboard's page asks for one of them. Requests must name Ferry in
+/// `Host` (`origin::refuse_foreign_host`), changes come only from Ferry's
+/// own origin (`origin::refuse_cross_site`), and bodies are declared JSON
+/// (`media::require_json`).
 pub fn router_with(
     engine: Arc<Engine>,
     metrics: Option<MetricsRender>,
     perform: Arc<dyn Perform>,
     tokens: auth::ApiTokens,
+    hosts: &[String],
 ) -> Router {
     let open = Router::new()
         .route("/v1/callbacks/{token}", post(callbacks::receive))
@@ -162,14 +170,24 @@ pub fn router_with(
         tokens.with_named(engine.clone()),
         auth::authenticate,
     ));
+    let origins = origin::Origins::new(&engine.config().public_url, hosts);
+    // The last layer runs first: `Host`, then `Origin`, then the body's type.
     open.merge(guarded)
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         // Bodies are limited by `body::read_bytes`, which answers 413 itself.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(
-            origin::Origins::new(&engine.config().public_url),
+            engine.config().max_body_bytes,
+            media::require_json,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            origins.clone(),
             origin::refuse_cross_site,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            origins,
+            origin::refuse_foreign_host,
         ))
         .with_state(app)
 }

@@ -44,7 +44,7 @@ use sessions::Sessions;
 pub struct McpConfig {
     /// Extra `Host` values accepted besides loopback (`host` or
     /// `host:port`): what clients use to reach Ferry when it listens on a
-    /// non-loopback address.
+    /// non-loopback address. The native API accepts the same.
     pub allowed_hosts: Vec<String>,
     /// Extra `Origin`s accepted besides loopback ones (`*` for any).
     pub allowed_origins: Vec<String>,

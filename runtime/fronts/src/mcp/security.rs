@@ -9,41 +9,16 @@ use super::McpConfig;
 use crate::digest::{same, sha256};
 use crate::http::origin::is_loopback_host;
 
-/// Whether a `Host` name (IPv6 literals in brackets) is this machine.
-fn is_loopback(name: &str) -> bool {
-    url::Host::parse(name).is_ok_and(|host| is_loopback_host(&host))
-}
-
-/// The host part of `host[:port]` (IPv6 literals keep their brackets), or
-/// `None` when what follows the host is not a port (`localhost:evil.com`).
-fn host_name(authority: &str) -> Option<&str> {
-    let (name, rest) = if authority.starts_with('[') {
-        // Up to the closing bracket; without one, the value is malformed.
-        authority.split_at(authority.find(']')? + 1)
-    } else {
-        authority.split_at(authority.find(':').unwrap_or(authority.len()))
-    };
-    let port_ok = match rest.strip_prefix(':') {
-        Some(port) => port.bytes().all(|b| b.is_ascii_digit()),
-        None => rest.is_empty(),
-    };
-    port_ok.then_some(name)
-}
-
 fn allowed_host(config: &McpConfig, host: &str) -> bool {
-    let Some(name) = host_name(host) else {
-        return false;
-    };
-    is_loopback(name)
-        || config
-            .allowed_hosts
-            .iter()
-            .any(|a| a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(name))
+    crate::http::host::allowed(&config.allowed_hosts, host)
 }
 
 /// Browsers send `Origin` on cross-site requests: an origin on a loopback
 /// host, or one listed, may talk to Ferry; any other is a page trying to
-/// reach a local server through DNS rebinding.
+/// reach a local server through DNS rebinding. Unlike the native API's
+/// rule (`http::origin`), a loopback origin on any port passes: browser
+/// clients of MCP (the Inspector) are served from a port of their own, and
+/// `/mcp` only submits calls, which still wait for a reviewer where gated.
 fn allowed_origin(config: &McpConfig, origin: &str) -> bool {
     if config
         .allowed_origins

@@ -103,9 +103,10 @@ async fn handle(oxp: &Oxp, req: Request) -> Result<Value, OxpError> {
     let headers = req.headers().clone();
     let headers = &headers;
     if let Some(origin) = crate::http::origin::cross_site(&oxp.origins, req.method(), headers) {
+        crate::http::origin::warn_refused("origin", origin, req.uri().path());
         return Err(bad(
             "Requests from web pages on other sites are refused",
-            format!("Origin {origin:?} is neither this server's nor a loopback one"),
+            format!("Origin {origin:?} is not this server's"),
         ));
     }
     // Credentials before the body: a stranger's upload is not read.

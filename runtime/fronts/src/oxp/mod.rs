@@ -60,7 +60,7 @@ pub struct Oxp {
 /// The `/oxp` routes, to merge beside the native API.
 pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: &OxpConfig) -> Router {
     let state = Arc::new(Oxp {
-        origins: crate::http::origin::Origins::new(&engine.config().public_url),
+        origins: crate::http::origin::Origins::new(&engine.config().public_url, &[]),
         engine,
         perform,
         auth: auth::Auth::new(&config.auth),
