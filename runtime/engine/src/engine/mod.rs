@@ -588,9 +588,8 @@ impl Engine {
     /// own: any other would learn of a thread and a call it never saw.
     fn tell_cancelled(&self, group_id: &str, call: &crate::thread::CallRecord) {
         if let Some(target) = &call.target {
-            let notice =
-                self.notifier
-                    .cancel_tool_call(target.base_url.clone(), group_id, &call.id);
+            let server = self.registry.authorised(&target.base_url, &target.base_url);
+            let notice = self.notifier.cancel_tool_call(server, group_id, &call.id);
             tokio::spawn(notice);
         }
     }
