@@ -959,6 +959,8 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
         message.contains("***@127.0.0.1:9") && !message.contains("hunter2"),
         "{message}"
     );
+    // How the fetch failed, in words of its own, not the client's.
+    assert!(message.ends_with(": connection refused"), "{message}");
     let answer = api.post_raw("/v1/toolsets", br#"{"url": "#.to_vec()).await;
     refused(&answer, 400, "invalid_json");
     // The URL is fine: only the unknown field is wrong.

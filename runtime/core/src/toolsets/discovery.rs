@@ -10,8 +10,13 @@ use super::validate::check_published;
 pub enum DiscoveryError {
     #[error("{0}")]
     BadUrl(String),
+    /// What `reason` says is generic (refused, timed out, a status): the
+    /// one who names a tool server must not learn what a port inside the
+    /// network answered, nor time a scan of them by its words.
     #[error("could not fetch {url}: {reason}")]
     Unreachable { url: String, reason: String },
+    #[error("could not fetch {url}: it is in a network Ferry may not reach")]
+    Closed { url: String },
     #[error("the discovery document at {url} is not a valid toolset manifest: {reason}")]
     Invalid { url: String, reason: String },
 }

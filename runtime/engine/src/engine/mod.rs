@@ -205,7 +205,7 @@ pub struct Engine {
     pub(crate) registry: Registry,
     caps: Capabilities,
     notifier: Notifier,
-    client: reqwest::Client,
+    outbound: ferry_dispatch::Outbound,
     locks: Vec<Mutex<()>>,
     /// Each thread's commands' turns at the bus, in write order.
     turns: Arc<Turns>,
@@ -257,9 +257,10 @@ impl Engine {
         catalog: Arc<dyn CatalogStore>,
         bus: Arc<dyn Bus>,
         caps: Capabilities,
-        client: reqwest::Client,
+        outbound: impl Into<ferry_dispatch::Outbound>,
     ) -> Self {
         let (timers, timer_queue) = approvals::timer_channel();
+        let outbound = outbound.into();
         Self {
             timers,
             timer_queue: std::sync::Mutex::new(Some(timer_queue)),
@@ -272,8 +273,8 @@ impl Engine {
             bus,
             registry: Registry::default(),
             caps,
-            notifier: Notifier::new(client.clone()),
-            client,
+            notifier: Notifier::new(outbound.clone()),
+            outbound,
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             turns: Arc::default(),
             delivering: Default::default(),
