@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
+use ferry_dispatch::{DispatchConfig, Dispatcher, Networks, Worker};
 use ferry_engine::bus::InTheLog;
 use ferry_engine::store::deferred::Deferred;
 use ferry_engine::store::{CatalogStore, Store};
@@ -40,6 +40,8 @@ pub struct ClusterOptions {
     pub replicas: usize,
     /// Streams the thread logs are spread over; fixed when they are made.
     pub partitions: usize,
+    /// The networks outbound requests may reach.
+    pub networks: Networks,
 }
 
 #[derive(Debug, Clone)]
@@ -241,7 +243,7 @@ fn engine<S: Store + CatalogStore>(
         store,
         Arc::new(InTheLog),
         Capabilities::new(options.secret.as_bytes()),
-        crate::serve::http_client()?,
+        crate::serve::outbound(&options.networks)?,
     ))
 }
 
@@ -479,7 +481,10 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         }
     });
     let worker = Worker::new(
-        Dispatcher::new(crate::serve::http_client()?, options.dispatch.clone()),
+        Dispatcher::new(
+            crate::serve::outbound(&options.cluster.networks)?,
+            options.dispatch.clone(),
+        ),
         engine.clone(),
     );
     // Bind the consumers before saying so: work published from now on is

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use ferry_dispatch::DispatchConfig;
+use ferry_dispatch::{DispatchConfig, Networks};
 use ferry_engine::limits::{Limit, RateLimits};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_ops::args::{http_url, tool_server_url};
@@ -97,6 +97,38 @@ struct Serve {
     connections: ConnectionArgs,
     #[command(flatten)]
     drain: DrainArgs,
+    #[command(flatten)]
+    outbound: OutboundArgs,
+}
+
+/// The networks Ferry's own requests (discovery, invocations, notices,
+/// `response_url`) may reach, on `serve`, runtime nodes and workers.
+#[derive(Args)]
+struct OutboundArgs {
+    /// A network (CIDR) requests may reach (repeatable); given, no other.
+    #[arg(long = "allow-network", value_name = "CIDR", env = "FERRY_ALLOW_NETWORKS",
+          value_delimiter = ',', value_parser = network)]
+    allow_networks: Vec<ipnet::IpNet>,
+    /// A network (CIDR) requests may not reach (repeatable), even inside
+    /// an allowed one: in production, at least 169.254.0.0/16 and the
+    /// private networks the tools are not in.
+    #[arg(long = "deny-network", value_name = "CIDR", env = "FERRY_DENY_NETWORKS",
+          value_delimiter = ',', value_parser = network)]
+    deny_networks: Vec<ipnet::IpNet>,
+}
+
+impl OutboundArgs {
+    fn networks(&self) -> Networks {
+        Networks::new(self.allow_networks.clone(), self.deny_networks.clone())
+    }
+}
+
+/// A network in CIDR notation; a bare address is the network of it alone.
+fn network(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is not a network in CIDR notation (e.g. 10.0.0.0/8)"))
 }
 
 /// How many connections the HTTP API serves at once, and how long each may
@@ -338,6 +370,8 @@ struct ClusterArgs {
     #[arg(long, default_value_t = 1, env = "FERRY_PARTITIONS",
           value_parser = clap::value_parser!(u16).range(1..=ferry_nats::cluster::subjects::MAX_PARTITIONS as i64))]
     partitions: u16,
+    #[command(flatten)]
+    outbound: OutboundArgs,
 }
 
 impl ClusterArgs {
@@ -348,6 +382,7 @@ impl ClusterArgs {
             public_url: self.public_url,
             replicas: self.replicas,
             partitions: usize::from(self.partitions),
+            networks: self.outbound.networks(),
         }
     }
 }
@@ -515,6 +550,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         audit_log: args.fronts.audit_log.clone(),
         drain: args.drain.drain(),
         limits: args.connections.limits(),
+        networks: args.outbound.networks(),
     };
     let (running, server) = start(options, Some(render), shutdown_signal()).await?;
     // Lines on stdout for scripts and tests: where the demo tool and Ferry

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ferry_dispatch::{DispatchConfig, Dispatcher, Worker};
+use ferry_dispatch::{DispatchConfig, Dispatcher, Networks, Outbound, Worker};
 use ferry_engine::bus::LocalBus;
 use ferry_engine::limits::RateLimits;
 use ferry_engine::token::Capabilities;
@@ -50,6 +50,8 @@ pub struct ServeOptions {
     pub drain: Duration,
     /// The connection cap and each connection's clocks.
     pub limits: crate::listener::Limits,
+    /// The networks outbound requests may reach.
+    pub networks: Networks,
 }
 
 impl Default for ServeOptions {
@@ -70,6 +72,7 @@ impl Default for ServeOptions {
             audit_log: None,
             drain: DRAIN,
             limits: crate::listener::Limits::default(),
+            networks: Networks::default(),
         }
     }
 }
@@ -171,14 +174,9 @@ async fn demo_listener(data: &Path) -> anyhow::Result<TcpListener> {
 }
 
 /// The client for tools: dispatch, notifications, discovery.
-pub(crate) fn http_client() -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .no_proxy()
-        // A redirect would turn an invocation POST into a body-less GET
-        // that could still answer 200: a 3xx must end the dispatch instead.
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_max_idle_per_host(256)
-        .build()?)
+/// The client of every request Ferry makes ([`Outbound::new`]).
+pub(crate) fn outbound(networks: &Networks) -> anyhow::Result<Outbound> {
+    Ok(Outbound::new(networks.clone())?)
 }
 
 /// Starts Ferry and returns once it accepts requests; it serves until
@@ -203,7 +201,7 @@ pub async fn start(
     let store = SledStore::open(&options.data.join("sled"))
         .with_context(|| format!("opening the store in {}", options.data.display()))?;
     let bus = LocalBus::new();
-    let client = http_client()?;
+    let client = outbound(&options.networks)?;
     let config = Config {
         public_url: public_url.clone(),
         max_body_bytes: options.max_body_bytes,

@@ -297,6 +297,9 @@ pub enum EventKind {
 
 /// Where a call's tool lives, recorded at acceptance so that re-dispatch and
 /// recovery need no registry lookup (the toolset may be gone by then).
+/// Every reader of the thread sees it, so it holds no user name or
+/// password: those stay with the registered toolset and are added to what
+/// is sent while it is registered (a toolset deleted takes them along).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolTarget {
     /// The tool's own name, sent as `operation` on the wire.

@@ -59,6 +59,18 @@ struct Shared {
     release: tokio::sync::Notify,
     manifest_fetches: std::sync::atomic::AtomicUsize,
     manifest_status: Mutex<u16>,
+    /// Each request's route and its `Authorization` header, in order.
+    authorizations: Mutex<Vec<(String, Option<String>)>>,
+}
+
+impl Shared {
+    fn heard(&self, route: &str, headers: &HeaderMap) {
+        let authorization = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (self.authorizations.lock().unwrap()).push((route.to_owned(), authorization));
+    }
 }
 
 pub struct TestTool {
@@ -120,17 +132,21 @@ impl TestTool {
             release: tokio::sync::Notify::new(),
             manifest_fetches: Default::default(),
             manifest_status: Mutex::new(200),
+            authorizations: Mutex::new(vec![]),
         });
         let app = Router::new()
             .route("/.well-known/rap-toolset", get(manifest_route))
             .route("/invoke", post(invoke))
             .route(
                 "/cancel_tool_call",
-                post(|s, b| notice("cancel_tool_call", s, b)),
+                post(|s, h, b| notice("cancel_tool_call", s, h, b)),
             )
-            .route("/close_thread", post(|s, b| notice("close_thread", s, b)))
+            .route(
+                "/close_thread",
+                post(|s, h, b| notice("close_thread", s, h, b)),
+            )
             .route("/tool_call_status", post(status))
-            .route("/choice", post(|s, b| notice("choice", s, b)))
+            .route("/choice", post(|s, h, b| notice("choice", s, h, b)))
             .with_state(shared.clone());
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
@@ -211,6 +227,12 @@ impl TestTool {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The route of each request received (`manifest`, `invoke`, a
+    /// notice's name) and the `Authorization` header it came with.
+    pub fn authorizations(&self) -> Vec<(String, Option<String>)> {
+        self.shared.authorizations.lock().unwrap().clone()
+    }
+
     /// Stops serving: later connections are refused.
     pub fn stop(&self) {
         self.server.abort();
@@ -223,7 +245,8 @@ impl Drop for TestTool {
     }
 }
 
-async fn manifest_route(State(s): State<Arc<Shared>>) -> Response {
+async fn manifest_route(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    s.heard("manifest", &headers);
     s.manifest_fetches
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let status = *s.manifest_status.lock().unwrap();
@@ -233,7 +256,12 @@ async fn manifest_route(State(s): State<Arc<Shared>>) -> Response {
     Json(s.manifest.lock().unwrap().clone()).into_response()
 }
 
-async fn invoke(State(s): State<Arc<Shared>>, Json(invocation): Json<Invocation>) -> Response {
+async fn invoke(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(invocation): Json<Invocation>,
+) -> Response {
+    s.heard("invoke", &headers);
     s.all.lock().unwrap().push(invocation.clone());
     let _ = s.invoked.send(Invoked {
         invocation,
@@ -262,13 +290,20 @@ async fn invoke(State(s): State<Arc<Shared>>, Json(invocation): Json<Invocation>
 async fn notice(
     kind: &'static str,
     State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> StatusCode {
+    s.heard(kind, &headers);
     let _ = s.notices.send((kind.to_owned(), body));
     StatusCode::OK
 }
 
-async fn status(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+async fn status(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    s.heard("tool_call_status", &headers);
     let _ = s.notices.send(("tool_call_status".to_owned(), body));
     match *s.liveness.lock().unwrap() {
         Liveness::Alive(alive) => Json(json!({"alive": alive})).into_response(),

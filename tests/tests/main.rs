@@ -22,6 +22,7 @@ mod identities;
 mod limits;
 mod mcp;
 mod operator;
+mod outbound;
 mod oxp;
 mod streams;
 mod tidy;

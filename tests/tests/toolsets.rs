@@ -796,9 +796,8 @@ async fn an_unreachable_tool_server_is_a_bad_gateway() {
     nothing_registered(&api).await;
 }
 
-/// A user name and password in a tool server's URL reach it as Basic auth
-/// (for discovery and the notifications sent to its base URL), and are
-/// shown to nobody: the API and its errors give them as `***`.
+/// A user name and password in a tool server's URL reach it as Basic auth,
+/// and are shown to nobody: the API and its errors give them as `***`.
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_in_a_server_url_are_kept_and_never_shown() {
     let tool = TestTool::start("Fine", &["op"]).await;
@@ -816,6 +815,111 @@ async fn credentials_in_a_server_url_are_kept_and_never_shown() {
     let (status, refreshed) = api.post("/v1/toolsets/Fine/refresh", &json!({})).await;
     assert_eq!(status, 200, "{refreshed}");
     assert!(!refreshed.to_string().contains("hunter2"), "{refreshed}");
+}
+
+/// The credentials of a tool server's URL go with everything sent to it
+/// (the invocation, `/cancel_tool_call`, `/close_thread`) and appear in
+/// nothing a reader of the thread sees: its events, its stream, the
+/// dashboard's reads, the ACP stream, `ferry replay`, nor the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_reach_the_tool_and_no_reader_of_the_thread() {
+    let tool = TestTool::start("Fine", &["op"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ferry.log");
+    let ferry = Ferry::start(FerryOptions {
+        log: Some(log.clone()),
+        ..FerryOptions::default()
+    })
+    .await;
+    let api = ferry.api();
+    let with_password = tool.url.replacen("http://", "http://agent:hunter2@", 1);
+    let (status, reg) = api.register(&with_password).await;
+    assert_eq!(status, 201, "{reg}");
+
+    let (status, reply) = call(&api, "g", "c1", "op", json!({"text": "hi"})).await;
+    assert_eq!(status, 202, "{reply}");
+    let invoked = tool.next_invocation().await.invocation;
+    let body = json!({"type": "tool_result", "group_id": "g", "id": "c1", "text": "done"});
+    let (status, answer) = api.post(&invoked.callback_url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, reply) = call(&api, "g", "c2", "op", json!({"text": "again"})).await;
+    assert_eq!(status, 202, "{reply}");
+    tool.next_invocation().await;
+    api.wait_for("g", "c2", "call_dispatched").await;
+    let (status, cancelled) = api.delete("/v1/threads/g/calls/c2").await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(tool.next_notice().await.0, "cancel_tool_call");
+    let (status, closed) = api.post("/v1/threads/g/close", &json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(tool.next_notice().await.0, "close_thread");
+
+    use base64::Engine as _;
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("agent:hunter2")
+    );
+    for route in ["manifest", "invoke", "cancel_tool_call", "close_thread"] {
+        let heard: Vec<_> = (tool.authorizations().into_iter())
+            .filter(|(r, _)| r == route)
+            .collect();
+        assert!(!heard.is_empty(), "no {route} request");
+        for (_, authorization) in heard {
+            assert_eq!(authorization.as_deref(), Some(basic.as_str()), "{route}");
+        }
+    }
+
+    let events = api.events("g", 0).await;
+    assert!(
+        events.iter().any(|e| e["type"] == "thread_closed"),
+        "{events:?}"
+    );
+    let accepted = &events[0];
+    assert_eq!(
+        accepted["payload"]["target"]["base_url"],
+        tool.url.as_str(),
+        "{accepted}"
+    );
+    let mut seen = vec![Value::Array(events.clone())];
+    for path in [
+        "/v1/threads?limit=50",
+        "/v1/threads/g",
+        "/v1/threads/g/calls",
+        "/v1/threads/g/calls/c1",
+        "/v1/approvals?status=pending",
+    ] {
+        let (status, read) = api.get(path).await;
+        assert_eq!(status, 200, "{path}: {read}");
+        seen.push(read);
+    }
+    let mut stream = ferry_tests::sse::SseReader::open(&api, "/v1/threads/g/stream", None).await;
+    for _ in &events {
+        seen.push(stream.next().await.data);
+    }
+    for seen in seen {
+        assert!(!seen.to_string().contains("hunter2"), "{seen}");
+    }
+    let acp = api.client.get(format!("{}/v1/threads/g/acp", api.base));
+    let mut acp = acp.send().await.unwrap();
+    assert_eq!(acp.status(), 200);
+    let mut frames = String::new();
+    while let Ok(Ok(Some(chunk))) =
+        tokio::time::timeout(Duration::from_millis(500), acp.chunk()).await
+    {
+        frames.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(frames.contains("data:"), "{frames}");
+    assert!(!frames.contains("hunter2"), "{frames}");
+    let replay = ferry_tests::ferry::cli(&ferry.url, &["replay", "g"])
+        .output()
+        .await
+        .unwrap();
+    assert!(replay.status.success(), "{replay:?}");
+    let replayed = String::from_utf8_lossy(&replay.stdout);
+    assert!(replayed.contains("tool_result"), "{replayed}");
+    assert!(!replayed.contains("hunter2"), "{replayed}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("call accepted"), "{logged}");
+    assert!(!logged.contains("hunter2"), "{logged}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -855,6 +959,8 @@ async fn bad_registration_requests_are_refused_and_change_nothing() {
         message.contains("***@127.0.0.1:9") && !message.contains("hunter2"),
         "{message}"
     );
+    // How the fetch failed, in words of its own, not the client's.
+    assert!(message.ends_with(": connection refused"), "{message}");
     let answer = api.post_raw("/v1/toolsets", br#"{"url": "#.to_vec()).await;
     refused(&answer, 400, "invalid_json");
     // The URL is fine: only the unknown field is wrong.

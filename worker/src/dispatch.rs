@@ -89,6 +89,10 @@ pub enum Failure {
     Refused { status: u16, attempts: u32 },
     #[error("Error: the tool could not be reached after {attempts} attempts")]
     Unreachable { attempts: u32 },
+    /// The tool's address is in a network Ferry may not reach: no attempt
+    /// could go through until the operator opens it.
+    #[error("Error: the tool's address is in a network Ferry may not reach")]
+    Closed { attempts: u32 },
     #[error("Error: the tool kept failing (HTTP {status}) after {attempts} attempts")]
     Exhausted { status: u16, attempts: u32 },
     /// Resumed after a restart with no attempt left.
@@ -109,6 +113,7 @@ impl Failure {
         match self {
             Failure::Refused { attempts, .. }
             | Failure::Unreachable { attempts }
+            | Failure::Closed { attempts }
             | Failure::Exhausted { attempts, .. }
             | Failure::OutOfAttempts { attempts }
             | Failure::NotWanted { attempts }
@@ -120,6 +125,7 @@ impl Failure {
         match self {
             Failure::Refused { .. } => "refused",
             Failure::Unreachable { .. } => "unreachable",
+            Failure::Closed { .. } => "closed",
             Failure::Exhausted { .. } | Failure::OutOfAttempts { .. } => "exhausted",
             Failure::NotWanted { .. } => "not_wanted",
             Failure::Stopped { .. } => "handed_back",
@@ -139,6 +145,8 @@ pub enum Attempt {
     Final {
         status: u16,
     },
+    /// Not sent: the destination is in a network Ferry may not reach.
+    Closed,
 }
 
 /// How often a call waiting out a backoff asks whether it is still wanted:
@@ -178,8 +186,8 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     /// A dispatcher to RAP tools.
-    pub fn new(client: reqwest::Client, config: DispatchConfig) -> Self {
-        Self::with_protocol(Arc::new(Rap::new(client)), config)
+    pub fn new(outbound: impl Into<crate::Outbound>, config: DispatchConfig) -> Self {
+        Self::with_protocol(Arc::new(Rap::new(outbound)), config)
     }
 
     /// A dispatcher whose attempts go through `protocol`.
@@ -265,6 +273,10 @@ impl Dispatcher {
                     Attempt::Final { status } => {
                         record_attempt("refused");
                         return Err(Failure::Refused { status, attempts });
+                    }
+                    Attempt::Closed => {
+                        record_attempt("closed");
+                        return Err(Failure::Closed { attempts });
                     }
                     Attempt::Transient {
                         status,

@@ -10,6 +10,7 @@
 mod dispatch;
 pub mod metrics;
 mod notify;
+mod outbound;
 mod rap;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +24,7 @@ use tracing::{info, instrument, warn};
 
 pub use dispatch::{Attempt, DispatchConfig, Dispatcher, Failure, ToolProtocol};
 pub use notify::{CallLiveness, ChoiceDelivery, Notifier};
+pub use outbound::{Networks, Outbound, Refused};
 pub use rap::Rap;
 
 /// Where a worker reports what happened to the calls it dispatches. The

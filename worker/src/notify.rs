@@ -9,7 +9,16 @@ use std::time::Duration;
 use ferry_proto::rap::{CancelToolCall, CloseThread, ToolCallStatus, ToolCallStatusReply};
 use futures::future::join_all;
 use serde::Serialize;
-use tracing::debug;
+use tracing::{debug, warn};
+
+use crate::outbound::{Outbound, Refused};
+
+/// Host and path of `url` only: a base URL may carry Basic auth.
+fn shown(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .map(|u| format!("{}{}", u.host_str().unwrap_or_default(), u.path()))
+        .unwrap_or_default()
+}
 
 /// What a tool server says of a call Ferry still waits on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,31 +44,51 @@ pub enum ChoiceDelivery {
 
 #[derive(Clone)]
 pub struct Notifier {
-    client: reqwest::Client,
+    outbound: Outbound,
     timeout: Duration,
 }
 
 impl Notifier {
-    pub fn new(client: reqwest::Client) -> Self {
+    pub fn new(outbound: impl Into<Outbound>) -> Self {
         Self {
-            client,
+            outbound: outbound.into(),
             timeout: Duration::from_secs(5),
         }
     }
 
+    /// A POST of `body` to `url`, unless `url` is in a network Ferry may
+    /// not reach (an IP literal here, a name in the client's resolver):
+    /// `None` then, or when the request failed.
+    async fn send<T: Serialize>(&self, url: &str, body: &T) -> Option<reqwest::Response> {
+        let sent = match self.outbound.check_str(url) {
+            Ok(()) => {
+                (self.outbound.client().post(url))
+                    .timeout(self.timeout)
+                    .json(body)
+                    .send()
+                    .await
+            }
+            Err(refused) => {
+                warn!(url = %shown(url), "not sent: {refused}");
+                return None;
+            }
+        };
+        match sent {
+            Ok(response) => Some(response),
+            Err(e) if Refused::caused(&e) => {
+                warn!(url = %shown(url), "not sent: {Refused}");
+                None
+            }
+            Err(e) => {
+                debug!(url = %shown(url), error = %e.without_url(), "request failed");
+                None
+            }
+        }
+    }
+
     async fn post<T: Serialize>(&self, url: String, body: &T) {
-        let sent = self
-            .client
-            .post(&url)
-            .timeout(self.timeout)
-            .json(body)
-            .send()
-            .await;
-        // Host and path only: the base URL may carry Basic auth.
-        let shown = reqwest::Url::parse(&url)
-            .map(|u| format!("{}{}", u.host_str().unwrap_or_default(), u.path()))
-            .unwrap_or_default();
-        debug!(url = %shown, ok = sent.is_ok(), "notified tool server");
+        let sent = self.send(&url, body).await;
+        debug!(url = %shown(&url), ok = sent.is_some(), "notified tool server");
     }
 
     /// Sends `/cancel_tool_call` to `server` (the call's own), once. The
@@ -109,27 +138,19 @@ impl Notifier {
         index: usize,
     ) -> ChoiceDelivery {
         let body = serde_json::json!({"id": id, "selected": index});
-        let sent = self
-            .client
-            .post(response_url)
-            .timeout(self.timeout)
-            .json(&body)
-            .send()
-            .await;
-        match sent {
-            Ok(r) if r.status().is_success() => ChoiceDelivery::Accepted,
+        // A response_url in a closed network stays owed, as if its tool
+        // were down, until the operator opens it.
+        match self.send(response_url, &body).await {
+            Some(r) if r.status().is_success() => ChoiceDelivery::Accepted,
             // 429 asks to try later, like a 5xx.
-            Ok(r) if r.status().is_client_error() && r.status() != 429 => {
+            Some(r) if r.status().is_client_error() && r.status() != 429 => {
                 ChoiceDelivery::Refused(r.status().as_u16())
             }
-            Ok(r) => {
+            Some(r) => {
                 debug!(status = %r.status(), "the tool could not take the choice yet");
                 ChoiceDelivery::Failed
             }
-            Err(e) => {
-                debug!(error = %e, "the choice could not be sent");
-                ChoiceDelivery::Failed
-            }
+            None => ChoiceDelivery::Failed,
         }
     }
 
@@ -145,14 +166,7 @@ impl Notifier {
             tool_call_id: tool_call_id.to_owned(),
         };
         let url = format!("{server}/tool_call_status");
-        let Ok(response) = self
-            .client
-            .post(&url)
-            .timeout(self.timeout)
-            .json(&body)
-            .send()
-            .await
-        else {
+        let Some(response) = self.send(&url, &body).await else {
             return CallLiveness::Unknown;
         };
         // rap-3 prunes on a 4xx only; anything else that is not a 2xx (a

@@ -11,17 +11,18 @@ use ferry_proto::Invocation;
 use reqwest::{header::RETRY_AFTER, StatusCode, Url};
 
 use crate::dispatch::{Attempt, ToolProtocol, MAX_RETRY_AFTER};
+use crate::outbound::{Outbound, Refused};
 
 /// Sends invocations to RAP tools.
 pub struct Rap {
-    client: reqwest::Client,
+    outbound: Outbound,
     endpoints: Endpoints,
 }
 
 impl Rap {
-    pub fn new(client: reqwest::Client) -> Self {
+    pub fn new(outbound: impl Into<Outbound>) -> Self {
         Self {
-            client,
+            outbound: outbound.into(),
             endpoints: Endpoints::default(),
         }
     }
@@ -30,10 +31,12 @@ impl Rap {
 #[async_trait]
 impl ToolProtocol for Rap {
     async fn attempt(&self, endpoint: &str, invocation: &Invocation, timeout: Duration) -> Attempt {
+        let client = self.outbound.client();
         let request = match self.endpoints.parsed(endpoint) {
-            Some(url) => self.client.post(url),
+            Some(url) if self.outbound.check(&url).is_err() => return Attempt::Closed,
+            Some(url) => client.post(url),
             // reqwest's own error, handled like any failed send.
-            None => self.client.post(endpoint),
+            None => client.post(endpoint),
         };
         let sent = request.timeout(timeout).json(invocation).send().await;
         match sent {
@@ -45,6 +48,7 @@ impl ToolProtocol for Rap {
                     .and_then(|v| retry_after(v, std::time::SystemTime::now()));
                 classify(response.status(), retry_after)
             }
+            Err(e) if Refused::caused(&e) => Attempt::Closed,
             Err(_) => Attempt::Transient {
                 status: None,
                 retry_after: None,

@@ -167,6 +167,7 @@ pub async fn deploy(
         public_url,
         replicas: 1,
         partitions,
+        networks: Default::default(),
     };
     let (mut bases, mut tasks) = (vec![], vec![]);
     for i in 0..runtimes {

@@ -10,8 +10,13 @@ use super::validate::check_published;
 pub enum DiscoveryError {
     #[error("{0}")]
     BadUrl(String),
+    /// What `reason` says is generic (refused, timed out, a status): the
+    /// one who names a tool server must not learn what a port inside the
+    /// network answered, nor time a scan of them by its words.
     #[error("could not fetch {url}: {reason}")]
     Unreachable { url: String, reason: String },
+    #[error("could not fetch {url}: it is in a network Ferry may not reach")]
+    Closed { url: String },
     #[error("the discovery document at {url} is not a valid toolset manifest: {reason}")]
     Invalid { url: String, reason: String },
 }
@@ -47,14 +52,54 @@ pub fn redacted(url: &str) -> String {
         Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
             let _ = parsed.set_username("***");
             let _ = parsed.set_password(None);
-            let shown = parsed.to_string();
-            // The parser writes an empty path as `/`; a base has none.
-            match shown.strip_suffix('/') {
-                Some(base) if !url.ends_with('/') => base.to_owned(),
-                _ => shown,
-            }
+            unslashed(url, parsed.to_string())
         }
         _ => url.to_owned(),
+    }
+}
+
+/// `url` without its user name and password: what Ferry records of a tool
+/// server in a thread's log, which every reader of the thread sees (events,
+/// streams, the dashboard, the protocol fronts). The credentials stay with
+/// the toolset; [`with_credentials_of`] puts them back on what is sent.
+pub fn without_credentials(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            unslashed(url, parsed.to_string())
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `url` with the user name and password of `from` (reqwest sends them as
+/// Basic auth and keeps them out of its errors); `url` as it is when
+/// `from` has none.
+pub fn with_credentials_of(url: &str, from: &str) -> String {
+    let Ok(from) = url::Url::parse(from) else {
+        return url.to_owned();
+    };
+    if from.username().is_empty() && from.password().is_none() {
+        return url.to_owned();
+    }
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    if parsed.set_username(from.username()).is_err()
+        || parsed.set_password(from.password()).is_err()
+    {
+        return url.to_owned();
+    }
+    unslashed(url, parsed.to_string())
+}
+
+/// `rewritten` (the parser's writing of `given`) without the `/` the parser
+/// writes for an empty path: a base URL has none.
+fn unslashed(given: &str, rewritten: String) -> String {
+    match rewritten.strip_suffix('/') {
+        Some(base) if !given.ends_with('/') => base.to_owned(),
+        _ => rewritten,
     }
 }
 
@@ -109,7 +154,10 @@ pub fn check_endpoint(base: &str, endpoint: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_base_url, check_endpoint, read_manifest, redacted, NOT_A_MANIFEST};
+    use super::{
+        check_base_url, check_endpoint, read_manifest, redacted, with_credentials_of,
+        without_credentials, NOT_A_MANIFEST,
+    };
 
     #[test]
     fn a_base_url_is_http_with_a_host_and_nothing_after_its_path() {
@@ -181,6 +229,23 @@ mod tests {
             assert!(refused.contains(NOT_A_MANIFEST), "{refused}");
             assert!(!refused.contains("secret"), "{refused}");
         }
+    }
+
+    #[test]
+    fn credentials_come_off_and_go_back_on() {
+        let base = "http://agent:hunter2@h:9";
+        assert_eq!(without_credentials(base), "http://h:9");
+        assert_eq!(without_credentials("http://h:9/p/"), "http://h:9/p/");
+        assert_eq!(
+            with_credentials_of("http://h:9/invoke", base),
+            "http://agent:hunter2@h:9/invoke"
+        );
+        assert_eq!(with_credentials_of("http://h:9", base), base);
+        assert_eq!(
+            with_credentials_of("http://h:9", "http://h:9"),
+            "http://h:9"
+        );
+        assert_eq!(with_credentials_of("http://h:9", "not a url"), "http://h:9");
     }
 
     #[test]

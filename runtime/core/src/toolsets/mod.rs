@@ -12,8 +12,8 @@ use ferry_proto::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{
-    check_base_url, check_endpoint, read_manifest, redacted, DiscoveryError, MAX_MANIFEST_BYTES,
-    NOT_A_MANIFEST,
+    check_base_url, check_endpoint, read_manifest, redacted, with_credentials_of,
+    without_credentials, DiscoveryError, MAX_MANIFEST_BYTES, NOT_A_MANIFEST,
 };
 pub use policy::{
     ApprovalMode, ApprovalPolicy, PolicyPatch, ToolPolicy, DEFAULT_APPROVAL_TIMEOUT_SECS,

@@ -1,19 +1,25 @@
 //! The in-memory index of loaded toolsets, rebuilt from the store at start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use ferry_proto::api::ToolTarget;
 use jsonschema::Validator;
 use semver::Version;
 
+use super::discovery::{with_credentials_of, without_credentials};
 use super::resolve::{OperationName, ResolveError};
 use super::{LoadedToolset, StoredToolset};
+
+type Toolsets = BTreeMap<String, BTreeMap<Version, Arc<LoadedToolset>>>;
 
 /// Toolsets by name, then version.
 #[derive(Default)]
 pub struct Registry {
-    toolsets: RwLock<BTreeMap<String, BTreeMap<Version, Arc<LoadedToolset>>>>,
+    toolsets: RwLock<Toolsets>,
+    /// The registered URL of each tool server whose URL has a user name or
+    /// password, by its URL without them (as a call's target records it).
+    credentials: RwLock<HashMap<String, String>>,
 }
 
 /// A resolved tool, ready to validate arguments and dispatch.
@@ -37,6 +43,7 @@ impl Registry {
         all.entry(s.name.clone())
             .or_default()
             .insert(s.version.clone(), Arc::new(toolset));
+        self.credentials_of(&all);
     }
 
     /// Makes `toolsets` the whole registry, at once: a toolset another
@@ -50,7 +57,9 @@ impl Registry {
                 .or_default()
                 .insert(s.version.clone(), Arc::new(toolset));
         }
-        *self.toolsets.write().expect("registry lock") = fresh;
+        let mut all = self.toolsets.write().expect("registry lock");
+        *all = fresh;
+        self.credentials_of(&all);
     }
 
     /// Removes one version, or all versions when `version` is `None`.
@@ -67,7 +76,36 @@ impl Registry {
         if versions.is_empty() {
             all.remove(name);
         }
+        self.credentials_of(&all);
         removed.into_iter().map(|t| t.stored.clone()).collect()
+    }
+
+    /// Indexes the credentials of `all`, under its write lock so that the
+    /// index never lags the toolsets. A tool server registered under more
+    /// than one toolset with different credentials is sent those of the
+    /// last by name, then version.
+    fn credentials_of(&self, all: &Toolsets) {
+        let credentials = all
+            .values()
+            .flat_map(|versions| versions.values())
+            .filter_map(|t| {
+                let bare = without_credentials(&t.stored.url);
+                (bare != t.stored.url).then(|| (bare, t.stored.url.clone()))
+            })
+            .collect();
+        *self.credentials.write().expect("registry lock") = credentials;
+    }
+
+    /// `url` on the tool server at `base_url` (a call's target, which holds
+    /// no credentials) as it is sent: with the user name and password the
+    /// server was registered with, while a toolset at that URL is
+    /// registered. A target recorded with its credentials keeps them.
+    pub fn authorised(&self, base_url: &str, url: &str) -> String {
+        let credentials = self.credentials.read().expect("registry lock");
+        match credentials.get(base_url) {
+            Some(registered) => with_credentials_of(url, registered),
+            None => url.to_owned(),
+        }
     }
 
     /// Every registered toolset, by name then version.
@@ -139,8 +177,10 @@ impl Registry {
             toolset: s.name.clone(),
             target: ToolTarget {
                 tool_name: tool.to_owned(),
-                base_url: s.url.clone(),
-                endpoint: s.manifest.endpoint.clone(),
+                // Every reader of the thread sees the target: the
+                // credentials are added at send (`authorised`).
+                base_url: without_credentials(&s.url),
+                endpoint: without_credentials(&s.manifest.endpoint),
             },
             validator,
             approval_timeout,

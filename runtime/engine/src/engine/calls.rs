@@ -326,7 +326,7 @@ impl Engine {
             user_verified: call.user_verified,
         };
         Some(Work::Dispatch {
-            endpoint: target.endpoint.clone(),
+            endpoint: self.registry.authorised(&target.base_url, &target.endpoint),
             invocation,
         })
     }
@@ -436,7 +436,9 @@ impl Engine {
                 }
             }
             // Only the servers that had calls here (`ThreadMeta::tool_servers`).
-            let servers = executed.state.meta.tool_servers.iter().cloned().collect();
+            let servers = (executed.state.meta.tool_servers.iter())
+                .map(|server| self.registry.authorised(server, server))
+                .collect();
             tokio::spawn(self.notifier.close_thread(servers, group_id));
         }
         Ok(executed.state.meta.last_seq)

@@ -206,7 +206,7 @@ pub struct Engine {
     pub(crate) registry: Registry,
     caps: Capabilities,
     notifier: Notifier,
-    client: reqwest::Client,
+    outbound: ferry_dispatch::Outbound,
     locks: Vec<Mutex<()>>,
     /// Each thread's commands' turns at the bus, in write order.
     turns: Arc<Turns>,
@@ -262,9 +262,10 @@ impl Engine {
         catalog: Arc<dyn CatalogStore>,
         bus: Arc<dyn Bus>,
         caps: Capabilities,
-        client: reqwest::Client,
+        outbound: impl Into<ferry_dispatch::Outbound>,
     ) -> Self {
         let (timers, timer_queue) = approvals::timer_channel();
+        let outbound = outbound.into();
         Self {
             timers,
             timer_queue: std::sync::Mutex::new(Some(timer_queue)),
@@ -277,8 +278,8 @@ impl Engine {
             bus,
             registry: Registry::default(),
             caps,
-            notifier: Notifier::new(client.clone()),
-            client,
+            notifier: Notifier::new(outbound.clone()),
+            outbound,
             locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             turns: Arc::default(),
             delivering: Default::default(),
@@ -608,9 +609,8 @@ impl Engine {
     /// own: any other would learn of a thread and a call it never saw.
     fn tell_cancelled(&self, group_id: &str, call: &crate::thread::CallRecord) {
         if let Some(target) = &call.target {
-            let notice =
-                self.notifier
-                    .cancel_tool_call(target.base_url.clone(), group_id, &call.id);
+            let server = self.registry.authorised(&target.base_url, &target.base_url);
+            let notice = self.notifier.cancel_tool_call(server, group_id, &call.id);
             tokio::spawn(notice);
         }
     }

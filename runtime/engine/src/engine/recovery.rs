@@ -50,7 +50,7 @@ impl Engine {
                         subscribed += 1;
                     }
                     if let Some(target) = call.target {
-                        waiting.push((group_id, id, target.base_url));
+                        waiting.push((group_id, id, self.server_of(&target)));
                     }
                 }
                 _ => {}
@@ -131,7 +131,7 @@ impl Engine {
                     let quiet = asked_before
                         .is_some_and(|before| call.updated_at.to_system_time() <= before);
                     if let (true, Some(target)) = (quiet, call.target) {
-                        waiting.push((group_id, id, target.base_url));
+                        waiting.push((group_id, id, self.server_of(&target)));
                     }
                 }
                 _ => {}
@@ -141,6 +141,11 @@ impl Engine {
         // timeout here any more.
         self.disarm_all_but(&pending, &armed_before);
         Ok((rearmed, self.ask_about(waiting)))
+    }
+
+    /// The base URL `/tool_call_status` is asked at, with its credentials.
+    fn server_of(&self, target: &ferry_proto::api::ToolTarget) -> String {
+        self.registry.authorised(&target.base_url, &target.base_url)
     }
 
     /// Asks tool servers about `waiting` calls, a few at once, recording

@@ -115,10 +115,12 @@ impl Engine {
                 "version {version} has build metadata, which semver ranks as no version of its own: register it as {plain}"
             )));
         }
-        let (url, manifest) = fetch_manifest(&self.client, url)
+        let (url, manifest) = fetch_manifest(&self.outbound, url)
             .await
             .map_err(|e| match e {
-                DiscoveryError::BadUrl(_) => Error::InvalidRequest(e.to_string()),
+                DiscoveryError::BadUrl(_) | DiscoveryError::Closed { .. } => {
+                    Error::InvalidRequest(e.to_string())
+                }
                 DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
             })?;
@@ -208,12 +210,14 @@ impl Engine {
             .registry
             .get(name, version)
             .ok_or_else(|| no_toolset(name, version))?;
-        let (url, manifest) = fetch_manifest(&self.client, &current.stored.url)
+        let (url, manifest) = fetch_manifest(&self.outbound, &current.stored.url)
             .await
             .map_err(|e| match e {
                 DiscoveryError::Invalid { .. } => Error::InvalidToolset(e.to_string()),
                 // Stored URLs were checked when registered; kept total.
-                DiscoveryError::BadUrl(_) => Error::InvalidRequest(e.to_string()),
+                DiscoveryError::BadUrl(_) | DiscoveryError::Closed { .. } => {
+                    Error::InvalidRequest(e.to_string())
+                }
                 DiscoveryError::Unreachable { .. } => Error::ToolsetUnreachable(e.to_string()),
             })?;
         if manifest.name != name {
