@@ -104,8 +104,8 @@ impl AuditStream {
         Ok(out)
     }
 
-    /// The number of the last entry before `at` (0: none), found by
-    /// halving: entries are appended in about the order of their times
+    /// The number of the last entry before `at` (0: none), by halving
+    /// the log: entries are appended in about the order of their times
     /// (nodes' clocks may differ a little; `wants` filters the rest).
     async fn last_before(&self, at: Timestamp) -> Result<u64, Error> {
         let info = self.stream.get_info().await.map_err(backend)?;

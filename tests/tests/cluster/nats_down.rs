@@ -84,8 +84,10 @@ async fn with_nats_down_every_change_is_a_503_that_leaves_no_trace() {
     }
     c.nats.restart().await;
     // Nothing changed while NATS was away: the log is as it was.
-    eventually("reads again", Duration::from_secs(30), || async {
-        (b.get("/v1/threads/g").await.0 == 200).then_some(())
+    // Each node reconnects on its own clock: wait for both.
+    eventually("both nodes read again", Duration::from_secs(30), || async {
+        let a_reads = a.get("/v1/threads/g").await.0 == 200;
+        (a_reads && b.get("/v1/threads/g").await.0 == 200).then_some(())
     })
     .await;
     assert_eq!(a.events("g", 0).await, before);

@@ -200,7 +200,7 @@ pub async fn authenticate(
         let response = next.run(request).await;
         // A scope it lacks, a thread outside its reach, a user or tool
         // outside its bounds.
-        if response.status() == axum::http::StatusCode::FORBIDDEN {
+        if response.status() == super::error::status_of(ErrorCode::Forbidden) {
             tokens.audit_refusal(&name, format!("{what}: forbidden"));
         }
         return response;
