@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use ferry_dispatch::{DispatchConfig, Networks};
 use ferry_engine::limits::{Limit, RateLimits};
 use ferry_fronts::http::auth::ApiTokens;
+use ferry_fronts::http::jwt::{ClaimNames, Jwt, JwtConfig};
 use ferry_ops::args::{http_url, tool_server_url};
 use ferry_ops::cluster::{start_runtime, ClusterOptions, RuntimeOptions, WorkerOptions};
 use ferry_ops::demo_tool::DemoTool;
@@ -186,6 +187,40 @@ struct FrontArgs {
         hide_env_values = true
     )]
     api_tokens: Vec<String>,
+    /// Accept `Authorization: Bearer` JWTs signed HS256 with this secret
+    /// (at least 32 bytes) as identities, on the native API, `/mcp` and
+    /// OXP: name from `sub`, scopes from `scope` (see --jwt-claim-*).
+    #[arg(long, env = "FERRY_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    /// Accept JWTs signed RS256 or ES256 by a key of this JWKS file (read
+    /// at start; the token's `kid` picks the key).
+    #[arg(long, env = "FERRY_JWT_JWKS", value_name = "FILE")]
+    jwt_jwks: Option<PathBuf>,
+    /// The `iss` every JWT must name.
+    #[arg(long, env = "FERRY_JWT_ISSUER")]
+    jwt_issuer: Option<String>,
+    /// The `aud` every JWT must name (without it, a JWT naming any is refused).
+    #[arg(long, env = "FERRY_JWT_AUDIENCE")]
+    jwt_audience: Option<String>,
+    /// The claim holding a JWT identity's name.
+    #[arg(long, env = "FERRY_JWT_CLAIM_NAME", default_value = "sub")]
+    jwt_claim_name: String,
+    /// The claim holding its scopes: space-separated words or an array.
+    #[arg(long, env = "FERRY_JWT_CLAIM_SCOPES", default_value = "scope")]
+    jwt_claim_scopes: String,
+    /// The claim holding the tools it may call (`Toolset` or `Toolset.tool`).
+    #[arg(long, env = "FERRY_JWT_CLAIM_TOOLS", default_value = "ferry_tools")]
+    jwt_claim_tools: String,
+    /// The claim holding the `group_id` prefix of its threads.
+    #[arg(
+        long,
+        env = "FERRY_JWT_CLAIM_GROUP_PREFIX",
+        default_value = "ferry_group_prefix"
+    )]
+    jwt_claim_group_prefix: String,
+    /// The claim holding the users it acts for.
+    #[arg(long, env = "FERRY_JWT_CLAIM_USERS", default_value = "ferry_users")]
+    jwt_claim_users: String,
     /// OXP: HS256 secret for `Authorization: Bearer` JWTs (turns OXP auth on).
     #[arg(long, env = "FERRY_OXP_JWT_SECRET", hide_env_values = true)]
     oxp_jwt_secret: Option<String>,
@@ -250,7 +285,22 @@ impl FrontArgs {
     }
 
     fn api_tokens(&self) -> anyhow::Result<ApiTokens> {
-        ApiTokens::new(&self.api_tokens).context("--api-token (or FERRY_API_TOKENS)")
+        let tokens =
+            ApiTokens::new(&self.api_tokens).context("--api-token (or FERRY_API_TOKENS)")?;
+        let jwt = Jwt::new(&JwtConfig {
+            hs256_secret: self.jwt_secret.clone(),
+            jwks_file: self.jwt_jwks.clone(),
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            claims: ClaimNames {
+                name: self.jwt_claim_name.clone(),
+                scopes: self.jwt_claim_scopes.clone(),
+                tools: self.jwt_claim_tools.clone(),
+                group_prefix: self.jwt_claim_group_prefix.clone(),
+                users: self.jwt_claim_users.clone(),
+            },
+        })?;
+        Ok(tokens.with_jwt(jwt))
     }
 
     fn oxp(&self, max_body_bytes: usize) -> ferry_fronts::oxp::OxpConfig {

@@ -19,6 +19,7 @@ mod dispatch;
 mod durability;
 mod hardening;
 mod identities;
+mod jwt;
 mod limits;
 mod mcp;
 mod operator;

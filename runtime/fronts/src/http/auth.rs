@@ -27,6 +27,8 @@ use axum::response::{IntoResponse, Response};
 pub const MIN_TOKEN_CHARS: usize = 16;
 /// Longest token accepted.
 pub const MAX_TOKEN_CHARS: usize = 512;
+/// Longest JWT accepted: an RS256 signature alone is 342 characters.
+pub const MAX_JWT_CHARS: usize = 8192;
 
 /// Why a configured token is unusable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -45,6 +47,7 @@ pub struct BadToken(String);
 pub struct ApiTokens {
     digests: Arc<[[u8; 32]]>,
     named: Option<Arc<crate::engine::Engine>>,
+    jwt: Option<Arc<super::jwt::Jwt>>,
 }
 
 impl ApiTokens {
@@ -66,6 +69,7 @@ impl ApiTokens {
         Ok(Self {
             digests: digests.into(),
             named: None,
+            jwt: None,
         })
     }
 
@@ -75,10 +79,18 @@ impl ApiTokens {
         self
     }
 
-    /// Whether the API asks for a token at all: once an `--api-token` is
-    /// set or a named token is live.
+    /// These tokens, and the JWTs `jwt` accepts.
+    pub fn with_jwt(mut self, jwt: Option<super::jwt::Jwt>) -> Self {
+        self.jwt = jwt.map(Arc::new);
+        self
+    }
+
+    /// Whether the API asks for a token at all: once an `--api-token` or
+    /// a JWT key is set, or a named token is live.
     pub fn required(&self) -> bool {
-        !self.digests.is_empty() || self.named.as_ref().is_some_and(|e| e.tokens_required())
+        !self.digests.is_empty()
+            || self.jwt.is_some()
+            || self.named.as_ref().is_some_and(|e| e.tokens_required())
     }
 
     /// Who presents `given`: the operator [`API_TOKEN_IDENTITY`] for an
@@ -91,6 +103,9 @@ impl ApiTokens {
     }
 
     pub fn identify(&self, given: &str) -> Option<Identity> {
+        if let Some(jwt) = self.jwt_for(given) {
+            return jwt.identify(given).ok();
+        }
         if given.len() > MAX_TOKEN_CHARS {
             return None;
         }
@@ -107,6 +122,27 @@ impl ApiTokens {
         if let Some(engine) = &self.named {
             engine.audit_refusal(who, what);
         }
+    }
+
+    /// The JWT checker, when `given` is a JWT of a sane length and JWTs are
+    /// accepted.
+    fn jwt_for(&self, given: &str) -> Option<&super::jwt::Jwt> {
+        let jwt = self.jwt.as_deref()?;
+        (given.len() <= MAX_JWT_CHARS && super::jwt::Jwt::looks_like_one(given)).then_some(jwt)
+    }
+
+    /// Why a presented JWT was refused, for the 401's message.
+    fn jwt_refusal(&self, given: &str) -> Option<String> {
+        self.jwt.as_ref()?;
+        if given.len() > MAX_JWT_CHARS {
+            return Some(format!(
+                "the token is longer than {MAX_JWT_CHARS} characters"
+            ));
+        }
+        self.jwt_for(given)?
+            .identify(given)
+            .err()
+            .map(|e| e.to_string())
     }
 
     /// Whether `given` is one of the tokens. Every digest is compared in
@@ -223,12 +259,13 @@ pub async fn authenticate(
     };
     tokens.audit_refusal(who, format!("{what}: unauthorized"));
     tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
-    let mut response = ApiError::new(
-        ErrorCode::Unauthorized,
-        "this Ferry requires `Authorization: Bearer <API token>` (an --api-token value, or a \
-         live token made with `ferry tokens create`)",
-    )
-    .into_response();
+    let message = match given.and_then(|t| tokens.jwt_refusal(t)) {
+        Some(why) => why,
+        None => "this Ferry requires `Authorization: Bearer <API token>` (an --api-token value, \
+                 a live token made with `ferry tokens create`, or a JWT it accepts)"
+            .to_owned(),
+    };
+    let mut response = ApiError::new(ErrorCode::Unauthorized, message).into_response();
     // RFC 6750 §3.1: a token that was sent and refused is `invalid_token`.
     let challenge = if given.is_some() {
         "Bearer realm=\"ferry\", error=\"invalid_token\""

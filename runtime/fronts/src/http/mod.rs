@@ -9,6 +9,7 @@ mod callbacks;
 pub(crate) mod calls;
 mod error;
 pub(crate) mod host;
+pub mod jwt;
 mod media;
 mod ops;
 pub(crate) mod origin;
