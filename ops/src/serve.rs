@@ -217,7 +217,8 @@ pub async fn start(
         Capabilities::new(&secret),
         client.clone(),
     )
-    .with_acknowledgements(Acknowledgements::SINGLE_PROCESS);
+    .with_acknowledgements(Acknowledgements::SINGLE_PROCESS)
+    .with_concurrency_limits();
     if let Some(path) = &options.audit_log {
         engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
     }

@@ -12,6 +12,7 @@ mod calls;
 mod chaos;
 mod choices;
 mod cluster;
+mod concurrency;
 mod connections;
 mod dashboard;
 mod data_dir;

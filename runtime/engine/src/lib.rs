@@ -6,6 +6,7 @@
 //! choose statuses.
 
 pub mod bus;
+pub mod concurrency;
 pub mod engine;
 pub mod limiter;
 pub mod log_rate;

@@ -39,7 +39,14 @@ pub struct ApprovalPolicy {
     /// Rate limits on calls to this toolset's tools, besides Ferry's own.
     #[serde(default, skip_serializing_if = "RateLimits::is_empty")]
     pub rate_limits: RateLimits,
+    /// At most this many calls to one version of the toolset dispatched
+    /// and not yet answered at once; the rest wait, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
 }
+
+/// The largest `max_concurrent_calls` a policy may set.
+pub const MAX_CONCURRENT_CALLS: u32 = 10_000;
 
 /// The approval timeout when the policy names none: five minutes.
 pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
@@ -77,6 +84,13 @@ impl ApprovalPolicy {
     /// Checks the policy's own values, as stored policies are checked too.
     pub fn check(&self) -> Result<(), String> {
         self.rate_limits.check()?;
+        if let Some(n) = self.max_concurrent_calls {
+            if !(1..=MAX_CONCURRENT_CALLS).contains(&n) {
+                return Err(format!(
+                    "max_concurrent_calls must be 1 to {MAX_CONCURRENT_CALLS}, not {n}"
+                ));
+            }
+        }
         match self.approval_timeout_secs {
             Some(0) => return Err("approval_timeout_secs must be at least 1".into()),
             Some(secs) if secs > MAX_APPROVAL_TIMEOUT_SECS => {
@@ -111,6 +125,9 @@ impl ApprovalPolicy {
         if let Some(limits) = patch.rate_limits {
             self.rate_limits = limits.unwrap_or_default();
         }
+        if let Some(n) = patch.max_concurrent_calls {
+            self.max_concurrent_calls = n;
+        }
         for (name, tool) in &patch.tools {
             match tool {
                 Some(tool) => self.tools.insert(name.clone(), tool.clone()),
@@ -134,6 +151,8 @@ pub struct PolicyPatch {
     /// Replaces the toolset's rate limits whole (`null`: none).
     #[serde(default, deserialize_with = "present")]
     pub rate_limits: Option<Option<RateLimits>>,
+    #[serde(default, deserialize_with = "present")]
+    pub max_concurrent_calls: Option<Option<u32>>,
 }
 
 /// A field that is present: `null` is `Some(None)`, so that it can be told

@@ -293,7 +293,8 @@ impl Engine {
         call: &CallRecord,
         thread_ancestors: Option<&[String]>,
     ) -> Result<(), Error> {
-        if let Some(work) = self.work_for(group_id, call, thread_ancestors) {
+        let work = self.work_for(group_id, call, thread_ancestors);
+        if let Some(work) = work.and_then(|work| self.admit(group_id, call, work)) {
             self.bus.publish(work).await?;
         }
         Ok(())

@@ -14,6 +14,7 @@ pub mod calls;
 mod choices;
 mod discovery;
 mod health;
+mod lanes;
 mod outcomes;
 pub mod reads;
 mod recovery;
@@ -242,6 +243,9 @@ pub struct Engine {
     refusals: audit::Refusals,
     /// [`Engine::with_audit_lines`].
     audit_lines: Option<audit::AuditLines>,
+    /// Calls held back by their toolset's `max_concurrent_calls`
+    /// ([`Engine::with_concurrency_limits`]; none on a cluster).
+    pub(crate) lanes: Option<crate::concurrency::Lanes<ferry_proto::bus::Work>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -290,6 +294,7 @@ impl Engine {
             acknowledgements: Acknowledgements::AtOnce,
             refusals: audit::Refusals::default(),
             audit_lines: None,
+            lanes: None,
         }
     }
 
@@ -297,6 +302,13 @@ impl Engine {
     /// instead of this process's memory.
     pub fn with_buckets(mut self, buckets: Arc<dyn crate::limiter::Buckets>) -> Self {
         self.buckets = buckets;
+        self
+    }
+
+    /// Keeps toolsets' `max_concurrent_calls`: for one process, which
+    /// dispatches every call itself (`ferry serve`).
+    pub fn with_concurrency_limits(mut self) -> Self {
+        self.lanes = Some(crate::concurrency::Lanes::default());
         self
     }
 
@@ -522,6 +534,7 @@ impl Engine {
                 durable.await?;
             }
             self.ship_audit(&audit);
+            self.release_lanes(&state, &events).await;
             return Ok(Executed {
                 decision: decided?,
                 events,

@@ -46,6 +46,9 @@ impl Engine {
                 // The deadline is stored with the call: re-arm it.
                 CallStatus::PendingApproval => self.arm(&group_id, &call),
                 status if status.is_open() => {
+                    if status.is_pending() {
+                        self.hold_lane(&group_id, &call);
+                    }
                     if status == CallStatus::Subscribed {
                         subscribed += 1;
                     }

@@ -266,6 +266,12 @@ impl Engine {
     }
 
     async fn install_checked(&self, loaded: LoadedToolset) -> Result<RegisteredToolset, Error> {
+        if self.lanes.is_none() && loaded.stored.policy.max_concurrent_calls.is_some() {
+            return Err(Error::InvalidRequest(
+                "max_concurrent_calls is kept by `ferry serve` only: a cluster does not enforce it yet"
+                    .into(),
+            ));
+        }
         self.catalog.put_toolset(&loaded.stored).await?;
         let (name, version) = (loaded.stored.name.clone(), loaded.stored.version.clone());
         self.registry.insert(loaded);

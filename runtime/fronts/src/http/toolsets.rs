@@ -37,6 +37,8 @@ pub struct Register {
     approval_timeout_secs: Option<u64>,
     #[serde(default)]
     rate_limits: RateLimits,
+    #[serde(default)]
+    max_concurrent_calls: Option<u32>,
 }
 
 pub async fn register(
@@ -50,6 +52,7 @@ pub async fn register(
         tools: req.tools,
         approval_timeout_secs: req.approval_timeout_secs,
         rate_limits: req.rate_limits,
+        max_concurrent_calls: req.max_concurrent_calls,
     };
     let policy = (policy != ApprovalPolicy::default()).then_some(policy);
     let engine = app.engine.clone();
