@@ -52,6 +52,12 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1",
           value_parser = clap::value_parser!(u16).range(1..=ferry_nats::cluster::subjects::MAX_PARTITIONS as i64))]
     pub partitions: Vec<u16>,
+    /// Also measure `ferry serve` locked down, in the same rounds: calls
+    /// made with a named token bounded to the bench tool, under generous
+    /// rate limits per identity, user and tool (what authentication and
+    /// limits cost).
+    #[arg(long)]
+    pub secured: bool,
 }
 
 /// A share of one core: more than 0, at most the machine's cores.

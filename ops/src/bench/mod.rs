@@ -38,6 +38,7 @@ mod load;
 mod quota;
 mod report;
 mod rounds;
+mod secured;
 mod tool;
 
 /// The target: Ferry's throughput at 64 callers is at least this
@@ -114,14 +115,30 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         receiver,
     };
     let mut rows = Vec::new();
-    for &callers in &args.concurrency {
-        rows.push(
-            plan.compare("serve".into(), callers, &baseline, &ferry)
-                .await,
-        );
+    let mut locked = None;
+    if args.secured {
+        let secured = secured::Secured::start(tool, &ferry).await?;
+        let targets = [
+            ("serve".to_owned(), ferry.clone()),
+            ("serve secured".to_owned(), secured.ferry.clone()),
+        ];
+        for &callers in &args.concurrency {
+            rows.extend(plan.compare_each(callers, &baseline, &targets).await);
+        }
+        locked = Some(secured);
+    } else {
+        for &callers in &args.concurrency {
+            rows.push(
+                plan.compare("serve".into(), callers, &baseline, &ferry)
+                    .await,
+            );
+        }
     }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    if let Some(secured) = locked {
+        secured.stop().await;
+    }
     if args.cluster {
         // Every shape runs at once (idle but for its turn), so that each
         // round can measure them all in turn.
@@ -211,6 +228,7 @@ mod tests {
             nats_sync_interval: "always".into(),
             shapes: vec![(1, 1)],
             partitions: vec![1],
+            secured: false,
             cpu_quota: None,
         };
         let error = run(&args(0, vec![1])).await.expect_err("refused");
