@@ -17,6 +17,16 @@ pub fn calc_manifest() -> Value {
         {"name": "anything", "description": "takes anything", "inputSchema": {}}]})
 }
 
+/// A toolset `ops` with `deploy` (annotated destructive, so gated by
+/// default) and `look`.
+pub fn ops_manifest() -> Value {
+    json!({"name": "ops", "tools": [
+        {"name": "deploy", "description": "ship it", "inputSchema": {"type": "object"},
+         "annotations": {"destructive": true}},
+        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}}
+    ]})
+}
+
 /// Bad submissions for `POST /v1/calls`, as (what, body, status, error
 /// code), against tool `op` of toolset `t` (see `TestTool::start`) and
 /// [`calc_manifest`]; every one names thread `bad`.

@@ -21,6 +21,22 @@ pub fn refused(args: &[&str]) -> (std::process::ExitStatus, String) {
     )
 }
 
+/// Runs `ferry serve` on a fresh data dir with `args` besides, until it
+/// exits (a start it refuses): its exit status and stderr.
+pub fn refused_serve(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    let data = dir.path().join("data");
+    let mut all = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    refused(&all)
+}
+
 /// Builds the `ferry` binary once per test process (a no-op when it is up
 /// to date) and returns its path, next to the test executable's `deps/`.
 pub fn binary() -> &'static Path {

@@ -16,12 +16,7 @@ const ROOT: &str = "audit-root-token-0123456789";
 
 /// A tool server with `deploy` (destructive: gated) and `look`.
 async fn tool() -> TestTool {
-    TestTool::with_manifest(json!({"name": "ops", "tools": [
-        {"name": "deploy", "description": "ship it", "inputSchema": {"type": "object"},
-         "annotations": {"destructive": true}},
-        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}}
-    ]}))
-    .await
+    TestTool::with_manifest(ferry_tests::cases::ops_manifest()).await
 }
 
 async fn ferry_with(tool: &TestTool) -> Ferry {
@@ -413,17 +408,8 @@ async fn entries_are_also_written_as_json_lines_to_the_audit_log_file() {
 
 #[test]
 fn an_audit_log_that_cannot_be_opened_stops_start_up_by_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let (status, stderr) = ferry_tests::ferry::refused(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--data",
-        data.to_str().unwrap(),
-        "--audit-log",
-        "/nonexistent/dir/audit.jsonl",
-    ]);
+    let (status, stderr) =
+        ferry_tests::ferry::refused_serve(&["--audit-log", "/nonexistent/dir/audit.jsonl"]);
     assert!(!status.success());
     assert!(stderr.contains("--audit-log"), "{stderr}");
 }

@@ -10,19 +10,21 @@ fn result(g: &str, id: &str) -> Value {
     json!({"type": "tool_result", "group_id": g, "id": id, "text": "done"})
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_limit_of_two_keeps_two_in_flight_and_dispatches_the_rest_in_order() {
+/// A Ferry with tool server `slow` registered under `limit`.
+async fn limited(limit: u32) -> (TestTool, Ferry) {
     let tool = TestTool::start("slow", &["op"]).await;
     let ferry = Ferry::start(FerryOptions::default()).await;
-    let api = ferry.api();
-    let (status, body) = api
-        .post(
-            "/v1/toolsets",
-            &json!({"url": tool.url, "max_concurrent_calls": 2}),
-        )
-        .await;
+    let registration = json!({"url": tool.url, "max_concurrent_calls": limit});
+    let (status, body) = ferry.api().post("/v1/toolsets", &registration).await;
     assert_eq!(status, 201, "{body}");
-    assert_eq!(body["policy"]["max_concurrent_calls"], 2, "{body}");
+    assert_eq!(body["policy"]["max_concurrent_calls"], limit, "{body}");
+    (tool, ferry)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_of_two_keeps_two_in_flight_and_dispatches_the_rest_in_order() {
+    let (tool, ferry) = limited(2).await;
+    let api = ferry.api();
     // Ten calls, each in its own thread: only the limit orders them.
     for i in 0..10 {
         let call = json!({"operation": "op", "arguments": {}, "group_id": format!("g{i}"),
@@ -74,16 +76,8 @@ async fn a_limit_of_two_keeps_two_in_flight_and_dispatches_the_rest_in_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_waiting_call_that_is_cancelled_gives_up_its_place() {
-    let tool = TestTool::start("slow", &["op"]).await;
-    let ferry = Ferry::start(FerryOptions::default()).await;
+    let (tool, ferry) = limited(1).await;
     let api = ferry.api();
-    let (status, body) = api
-        .post(
-            "/v1/toolsets",
-            &json!({"url": tool.url, "max_concurrent_calls": 1}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
     for id in ["a", "b", "c"] {
         let call = json!({"operation": "op", "arguments": {}, "group_id": "g", "id": id});
         assert_eq!(api.submit(call).await.0, 202);

@@ -9,12 +9,7 @@ use serde_json::{json, Value};
 
 /// A tool server with `deploy` (destructive: gated) and `look`.
 async fn tool() -> TestTool {
-    TestTool::with_manifest(json!({"name": "ops", "tools": [
-        {"name": "deploy", "description": "ship it", "inputSchema": {"type": "object"},
-         "annotations": {"destructive": true}},
-        {"name": "look", "description": "read only", "inputSchema": {"type": "object"}}
-    ]}))
-    .await
+    TestTool::with_manifest(ferry_tests::cases::ops_manifest()).await
 }
 
 /// One request with `token` (none: no `Authorization`) and, for a body,

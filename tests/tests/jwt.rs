@@ -174,23 +174,15 @@ fn a_jwks_file_that_does_not_parse_stops_start_up_by_name() {
     std::fs::write(&jwks, "{\"keys\": [{\"kty\": \"EC\"}]}").unwrap();
     let missing = dir.path().join("missing.json");
     for file in [&jwks, &missing] {
-        let data = dir.path().join("data");
-        let (status, stderr) = ferry_tests::ferry::refused(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data",
-            data.to_str().unwrap(),
-            "--jwt-jwks",
-            file.to_str().unwrap(),
-        ]);
+        let (status, stderr) =
+            ferry_tests::ferry::refused_serve(&["--jwt-jwks", file.to_str().unwrap()]);
         assert!(!status.success());
         assert!(
             stderr.contains("--jwt-jwks") && stderr.contains(file.to_str().unwrap()),
             "{stderr}"
         );
     }
-    let (status, stderr) = ferry_tests::ferry::refused(&["serve", "--jwt-secret", "short"]);
+    let (status, stderr) = ferry_tests::ferry::refused_serve(&["--jwt-secret", "short"]);
     assert!(!status.success());
     assert!(stderr.contains("--jwt-secret"), "{stderr}");
 }

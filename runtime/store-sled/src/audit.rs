@@ -1,36 +1,56 @@
-//! The audit log in sled: entries by sequence number (`audit`), and each
-//! entry's key with the number it was stored under (`audit_keys`), so that
-//! a repeat of an action is stored once. Both go in one transaction, and
-//! into the same flush as the thread write that brings them.
+//! The audit log in sled, one tree (`audit`): entries under `e` + their
+//! sequence number, and each entry's key under `k` + the key, pointing at
+//! the entry, so that a repeat of an action is stored once. Both are plain
+//! inserts, in the same flush as the thread write that brings them: a
+//! sled batch or transaction takes the database's global write lock and
+//! cut `ferry serve`'s calls/s to a third (BENCHMARKS.md). The entry goes
+//! first, so a crash between the two can only leave a repeat stored
+//! twice, never an entry lost.
 
 use std::sync::Mutex;
 
 use ferry_proto::audit::{AuditEntry, AuditQuery, AuditRecord};
 use ferry_store::codec::{decode, encode};
 use ferry_store::Error;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
+
+const ENTRY: u8 = b'e';
+const KEY: u8 = b'k';
 
 pub struct AuditLog {
-    entries: sled::Tree,
-    keys: sled::Tree,
+    tree: sled::Tree,
     /// The next entry's number. Held while entries are stored, so numbers
     /// are given in the order entries become readable: a reader that read
     /// up to `n` never later finds an entry below `n` it had not seen.
     next: Mutex<u64>,
 }
 
+fn entry_key(seq: u64) -> [u8; 9] {
+    let mut key = [ENTRY; 9];
+    key[1..].copy_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn key_key(key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + key.len());
+    out.push(KEY);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
 impl AuditLog {
     pub fn open(db: &sled::Db) -> Result<Self, Error> {
-        let tree = |name: &str| db.open_tree(name).map_err(super::backend);
-        let entries = tree("audit")?;
-        let next = match entries.last().map_err(super::backend)? {
+        let tree = db.open_tree("audit").map_err(super::backend)?;
+        let last = tree
+            .range(entry_key(0)..=entry_key(u64::MAX))
+            .next_back()
+            .transpose()
+            .map_err(super::backend)?;
+        let next = match last {
             Some((key, _)) => seq_of(&key)? + 1,
             None => 1,
         };
         Ok(Self {
-            entries,
-            keys: tree("audit_keys")?,
+            tree,
             next: Mutex::new(next),
         })
     }
@@ -41,35 +61,27 @@ impl AuditLog {
             return Ok(());
         }
         let mut next = self.next.lock().expect("audit lock");
-        let stored = (&self.entries, &self.keys).transaction(|(log, keys)| {
-            let mut seq = *next;
-            for entry in entries {
-                if keys.get(entry.key.as_bytes())?.is_some() {
-                    continue;
-                }
-                let record = AuditRecord {
-                    seq,
-                    entry: entry.clone(),
-                };
-                log.insert(&seq.to_be_bytes(), encode(&record))?;
-                keys.insert(entry.key.as_bytes(), &seq.to_be_bytes())?;
-                seq += 1;
+        for entry in entries {
+            let key = key_key(&entry.key);
+            if self.tree.contains_key(&key)? {
+                continue;
             }
-            Ok::<_, ConflictableTransactionError<sled::Error>>(seq)
-        });
-        match stored {
-            Ok(seq) => {
-                *next = seq;
-                Ok(())
-            }
-            Err(TransactionError::Abort(e) | TransactionError::Storage(e)) => Err(e),
+            let seq = *next;
+            let record = AuditRecord {
+                seq,
+                entry: entry.clone(),
+            };
+            self.tree.insert(entry_key(seq), encode(&record))?;
+            self.tree.insert(key, &seq.to_be_bytes())?;
+            *next = seq + 1;
         }
+        Ok(())
     }
 
     pub fn read(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error> {
         let mut out = vec![];
-        let start = query.after.saturating_add(1).to_be_bytes();
-        for item in self.entries.range(start..) {
+        let start = entry_key(query.after.saturating_add(1));
+        for item in self.tree.range(start..=entry_key(u64::MAX)) {
             if out.len() >= query.limit {
                 break;
             }
@@ -84,7 +96,8 @@ impl AuditLog {
 }
 
 fn seq_of(key: &[u8]) -> Result<u64, Error> {
-    key.try_into()
+    key.get(1..)
+        .and_then(|b| b.try_into().ok())
         .map(u64::from_be_bytes)
-        .map_err(|_| Error::Corrupt(format!("an audit key of {} bytes", key.len())))
+        .ok_or_else(|| Error::Corrupt(format!("an audit key of {} bytes", key.len())))
 }
