@@ -158,6 +158,13 @@ impl Browser {
         self.post(&path, json!({})).await.map(drop)
     }
 
+    /// Types `text` into the element (an input) as a user would, key by
+    /// key.
+    pub async fn type_text(&self, element: &Element, text: &str) -> anyhow::Result<()> {
+        let path = format!("/element/{}/value", element.0);
+        self.post(&path, json!({ "text": text })).await.map(drop)
+    }
+
     /// The visible page as PNG bytes.
     pub async fn screenshot(&self) -> anyhow::Result<Vec<u8>> {
         let shot = self.get("/screenshot").await?;

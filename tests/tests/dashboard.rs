@@ -52,6 +52,7 @@ async fn a_reviewer_allows_a_call_from_the_dashboard_and_sees_it_complete() {
         for bad in ["/#token=%", "?other#token=%E2%82%AC"] {
             tab.navigate(&format!("{base}{bad}")).await?;
             let asks = "document.getElementById('live').textContent.includes('API token') \
+                        && !document.getElementById('signin').hidden \
                         && !location.href.includes('token')";
             let shown = tab.shows(asks, &serde_json::Value::Bool(true)).await;
             anyhow::ensure!(shown == serde_json::Value::Bool(true), "{bad}: {shown}");
@@ -133,7 +134,7 @@ async fn the_dashboard_is_served_from_the_binary() {
         !html.contains("http://") && !html.contains("https://"),
         "the page loads something external"
     );
-    for endpoint in ["/v1/approvals", "/v1/threads"] {
+    for endpoint in ["/v1/whoami", "/v1/approvals", "/v1/threads"] {
         assert!(html.contains(endpoint), "{endpoint}");
     }
 }
@@ -238,4 +239,132 @@ async fn overlapping_refreshes_show_each_event_once() {
     })()"##;
     let shown = tab.evaluate(js).await.unwrap();
     assert_eq!(shown, json!(seqs.join(",")), "event rows on the page");
+}
+
+/// Types `token` into the sign-in form and submits it.
+async fn sign_in(tab: &Browser, token: &str) {
+    let input = tab.find("#token").await.unwrap();
+    tab.type_text(&input, token).await.unwrap();
+    tab.click(&tab.find("#signin-button").await.unwrap())
+        .await
+        .unwrap();
+}
+
+/// Whether the page shows its sign-in form (and nothing of the API).
+const FORM: &str =
+    "!document.getElementById('signin').hidden && document.getElementById('main').hidden";
+/// The header's sign-in line.
+const WHO: &str = "document.getElementById('who').textContent";
+
+/// Opened with no token, the page asks for one; signed in, it says as
+/// whom and shows what waits; signed out, it asks again and keeps no
+/// token; a wrong token is refused in the API's words. An identity
+/// without `review` cannot decide from the page, and one with it decides
+/// under its own name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reviewer_signs_in_and_out_and_decides_under_their_own_name() {
+    let tool = TestTool::with_manifest(json!({"name": "db", "tools": [{
+        "name": "drop_table", "description": "drops a table", "inputSchema": {"type": "object"},
+        "annotations": {"destructive": true}}]}))
+    .await;
+    let token = "operators-token-0123456789";
+    let options = FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..FerryOptions::default()
+    };
+    let ferry = Ferry::start(options.api_token(token)).await;
+    let api = ferry_tests::Api::with_token(&ferry.url, token);
+    let gated = json!({"operation": "drop_table", "arguments": {"table": "users"}, "group_id": "g", "id": "c"});
+    assert_eq!(api.submit(gated).await.1["status"], "pending_approval");
+    let watcher = api
+        .make_token(json!({"name": "watcher", "scopes": ["read"]}))
+        .await;
+    let ana = api
+        .make_token(json!({"name": "ana", "scopes": ["read", "review"]}))
+        .await;
+
+    let tab = Browser::start().await.unwrap();
+    tab.navigate(&format!("{}/ui", ferry.url)).await.unwrap();
+    assert_eq!(tab.shows(FORM, &json!(true)).await, json!(true), "the form");
+    let error = "document.getElementById('signin-error').hidden";
+    assert_eq!(
+        tab.evaluate(error).await.unwrap(),
+        json!(true),
+        "an error before any token"
+    );
+
+    sign_in(&tab, token).await;
+    let signed_in = json!("Signed in as api-token (submit, read, review, admin)");
+    assert_eq!(tab.shows(WHO, &signed_in).await, signed_in);
+    let row = r#"#approvals tr[data-call="g/c"]"#;
+    let shown = tab.text(&tab.find(row).await.unwrap()).await.unwrap();
+    assert!(shown.contains("db.drop_table"), "approval row: {shown}");
+
+    tab.click(&tab.find("#signout").await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        tab.shows(FORM, &json!(true)).await,
+        json!(true),
+        "the form again"
+    );
+    let kept = "sessionStorage.getItem('ferry-api-token')";
+    assert_eq!(
+        tab.evaluate(kept).await.unwrap(),
+        json!(null),
+        "a token kept"
+    );
+    assert_eq!(tab.evaluate(WHO).await.unwrap(), json!(""));
+
+    sign_in(&tab, "not-this-ferrys-token-0123").await;
+    let refusal = "document.getElementById('signin').hidden ? '' : document.getElementById('signin-error').textContent";
+    let said = tab
+        .shows(
+            &format!("{refusal}.includes('Authorization: Bearer')"),
+            &json!(true),
+        )
+        .await;
+    assert_eq!(
+        said,
+        json!(true),
+        "{}",
+        tab.evaluate(refusal).await.unwrap()
+    );
+    assert_eq!(tab.evaluate(FORM).await.unwrap(), json!(true));
+    assert_eq!(
+        tab.evaluate(kept).await.unwrap(),
+        json!(null),
+        "a wrong token kept"
+    );
+
+    // Read only: the row, with its buttons disabled and a note.
+    sign_in(&tab, &watcher).await;
+    let reader = json!("Signed in as watcher (read)");
+    assert_eq!(tab.shows(WHO, &reader).await, reader);
+    let reject = format!(r#"{row} button[data-option="reject_once"]"#);
+    tab.find(&reject).await.unwrap();
+    let disabled = format!("document.querySelector('{reject}').disabled");
+    assert_eq!(tab.evaluate(&disabled).await.unwrap(), json!(true));
+    let note = tab
+        .text(&tab.find("#review-note").await.unwrap())
+        .await
+        .unwrap();
+    assert!(note.contains("lacks the review scope"), "{note}");
+
+    tab.click(&tab.find("#signout").await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(tab.shows(FORM, &json!(true)).await, json!(true));
+    sign_in(&tab, &ana).await;
+    let reviewer = json!("Signed in as ana (read, review)");
+    assert_eq!(tab.shows(WHO, &reviewer).await, reviewer);
+    tab.find(&reject).await.unwrap();
+    assert_eq!(tab.shows(&disabled, &json!(false)).await, json!(false));
+    let hidden = "document.getElementById('review-note').hidden && document.getElementById('reviewer-label').hidden";
+    assert_eq!(tab.evaluate(hidden).await.unwrap(), json!(true));
+    tab.click(&tab.find(&reject).await.unwrap()).await.unwrap();
+    let decided = api.wait_for("g", "c", "approval_decided").await;
+    assert_eq!(decided["payload"]["optionId"], "reject_once");
+    assert_eq!(decided["payload"]["reviewer"], "ana");
+    assert_eq!(api.call("g", "c").await.1["status"], "rejected");
 }

@@ -630,3 +630,38 @@ async fn bad_token_requests_are_refused_by_name_and_change_nothing() {
     assert_eq!(listed_after["tokens"].as_array().map(Vec::len), Some(2));
     assert_eq!(footprint(&ferry, &root).await.0, before.0);
 }
+
+/// `GET /v1/whoami` names the caller, its scopes and its bounds, for a
+/// token of any scope: a client learns what its credential may do before
+/// it tries. Anonymous while no credential is configured; 401 without a
+/// token once one is.
+#[tokio::test(flavor = "multi_thread")]
+async fn whoami_names_the_caller_its_scopes_and_bounds() {
+    let ferry = Ferry::start(ferry_tests::FerryOptions::default()).await;
+    let (status, anonymous) = ferry.api().get("/v1/whoami").await;
+    assert_eq!(status, 200, "{anonymous}");
+    assert_eq!(
+        anonymous,
+        json!({"identity": "anonymous", "scopes": ["submit", "read", "review", "admin"], "bounds": {}})
+    );
+    let root = make(&ferry, None, json!({"name": "root", "scopes": ["admin"]})).await;
+    let reader = make(
+        &ferry,
+        Some(&root),
+        json!({"name": "reader-1", "scopes": ["read"], "group_prefix": "team-a/"}),
+    )
+    .await;
+    let (status, me) = Api::with_token(&ferry.url, &reader).get("/v1/whoami").await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        me,
+        json!({"identity": "reader-1", "scopes": ["read"], "bounds": {"group_prefix": "team-a/"}})
+    );
+    let (status, refused) = ferry.api().get("/v1/whoami").await;
+    assert_eq!(status, 401, "{refused}");
+    assert_eq!(refused["error"]["code"], "unauthorized");
+    let (status, _) = Api::with_token(&ferry.url, "not-a-token-of-this-ferry")
+        .get("/v1/whoami")
+        .await;
+    assert_eq!(status, 401);
+}

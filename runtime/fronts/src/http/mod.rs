@@ -195,8 +195,9 @@ pub fn router_with(
 
 /// Every route an API token guards (when there are tokens), each with the
 /// scope it needs: administration `admin`; a thread's routes the thread
-/// within reach (and `read` to read it); the rest check in their handler,
-/// or in the engine for what they change.
+/// within reach (and `read` to read it); `/v1/whoami` none, as every
+/// caller may learn who it is; the rest check in their handler, or in the
+/// engine for what they change.
 fn guarded_routes(app: &AppState) -> Router<AppState> {
     let admin = Router::new()
         .route("/v1/toolsets", post(toolsets::register).get(toolsets::list))
@@ -244,6 +245,7 @@ fn guarded_routes(app: &AppState) -> Router<AppState> {
     Router::new()
         .merge(admin)
         .merge(thread)
+        .route("/v1/whoami", get(tokens::whoami))
         .route("/v1/tools", get(toolsets::tools))
         .route("/v1/calls", post(calls::submit))
         .route("/v1/threads", get(threads::list))

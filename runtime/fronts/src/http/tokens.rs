@@ -56,3 +56,16 @@ pub async fn revoke(
     let revoked = detached(async move { engine.revoke_token(&by, &id).await }).await?;
     Ok(Json(view(&revoked)))
 }
+
+/// `GET /v1/whoami`: the caller's identity, scopes and bounds, for any
+/// caller, so that a client (the dashboard) can tell whom its credential
+/// names and what it may do before it tries. Without credentials
+/// configured, that is `anonymous` with every scope.
+pub async fn whoami(Caller(by): Caller) -> Json<Value> {
+    let scopes: Vec<&str> = by.scopes().iter().map(|s| s.name()).collect();
+    Json(json!({
+        "identity": by.name(),
+        "scopes": scopes,
+        "bounds": by.bounds(),
+    }))
+}
