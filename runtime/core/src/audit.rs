@@ -10,7 +10,6 @@ use std::collections::BTreeSet;
 use ferry_proto::api::{CallStatus, ResultOrigin};
 use ferry_proto::audit::{AuditEntry, AuditKind};
 use ferry_proto::{Event, EventKind, Timestamp};
-use serde::Serialize;
 
 use crate::thread::{CallRecord, ThreadState};
 
@@ -59,7 +58,7 @@ pub fn of_events(state: &ThreadState, events: &[Event], by: Option<&str>) -> Vec
                 reason,
             } => entries.push(AuditEntry {
                 tool: Some(tool.clone()),
-                outcome: Some(snake(option_id)),
+                outcome: Some(option_id.id().to_owned()),
                 detail: reason.clone(),
                 ..entry(
                     AuditKind::ApprovalDecided,
@@ -122,7 +121,7 @@ pub fn of_call(group_id: &str, call: &CallRecord) -> Vec<AuditEntry> {
             group_id: Some(group_id.to_owned()),
             id: Some(call.id.clone()),
             tool: Some(call.tool.clone()),
-            outcome: Some(snake(&approval.option_id)),
+            outcome: Some(approval.option_id.id().to_owned()),
             detail: approval.reason.clone(),
             ..AuditEntry::default()
         });
@@ -211,12 +210,4 @@ fn key(kind: AuditKind, group_id: &str, parts: &[&str]) -> String {
         named.push_str(&format!("{}:{part}", part.len()));
     }
     crate::digest::sha256_hex(named, 16)
-}
-
-/// A unit variant's wire name.
-fn snake(value: &impl Serialize) -> String {
-    serde_json::to_value(value)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }

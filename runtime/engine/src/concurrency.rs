@@ -88,6 +88,11 @@ impl<W> Lanes<W> {
         next
     }
 
+    /// Whether no lane has a call: most writes need not look further.
+    pub fn is_empty(&self) -> bool {
+        self.lanes.lock().expect("lanes lock").is_empty()
+    }
+
     /// Whether the lane has running or waiting calls (for a caller that
     /// releases only where it must).
     pub fn knows(&self, lane: &str) -> bool {

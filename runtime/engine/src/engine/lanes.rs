@@ -54,7 +54,7 @@ impl Engine {
     /// After a write: each call it touched that no longer needs its tool
     /// gives its room to the calls waiting longest, which are sent now.
     pub(crate) async fn release_lanes(&self, state: &ThreadState, events: &[Event]) {
-        let Some(lanes) = &self.lanes else {
+        let Some(lanes) = self.lanes.as_ref().filter(|l| !l.is_empty()) else {
             return;
         };
         let group_id = state.meta.group_id.as_str();

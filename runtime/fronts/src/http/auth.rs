@@ -229,7 +229,9 @@ pub async fn authenticate(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(super::bearer_token);
-    let what = format!("{} {}", request.method(), request.uri().path());
+    // Both clones share their bytes: the text is made only for a refusal.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    let what = move || format!("{method} {}", uri.path());
     if let Some(identity) = given.and_then(|t| tokens.identify(t)) {
         let name = identity.name().to_owned();
         request.extensions_mut().insert(identity);
@@ -237,7 +239,7 @@ pub async fn authenticate(
         // A scope it lacks, a thread outside its reach, a user or tool
         // outside its bounds.
         if response.status() == super::error::status_of(ErrorCode::Forbidden) {
-            tokens.audit_refusal(&name, format!("{what}: forbidden"));
+            tokens.audit_refusal(&name, format!("{}: forbidden", what()));
         }
         return response;
     }
@@ -257,7 +259,7 @@ pub async fn authenticate(
     } else {
         "(no token)"
     };
-    tokens.audit_refusal(who, format!("{what}: unauthorized"));
+    tokens.audit_refusal(who, format!("{}: unauthorized", what()));
     tracing::debug!(path = %request.uri().path(), token = reason, "request refused: API token");
     let message = match given.and_then(|t| tokens.jwt_refusal(t)) {
         Some(why) => why,
