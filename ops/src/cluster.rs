@@ -17,6 +17,7 @@ use ferry_engine::token::Capabilities;
 use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
+use ferry_nats::cluster::lanes::KvLanes;
 use ferry_nats::cluster::mcp_sessions::SharedSessions;
 use ferry_nats::cluster::rate_limits::KvBuckets;
 use ferry_nats::cluster::stop::{Phase, Stop};
@@ -232,6 +233,7 @@ fn engine<S: Store + CatalogStore>(
     options: &ClusterOptions,
     config: Config,
     store: Arc<S>,
+    lanes: Arc<KvLanes>,
 ) -> anyhow::Result<Engine> {
     anyhow::ensure!(
         options.secret.len() >= 16,
@@ -244,7 +246,13 @@ fn engine<S: Store + CatalogStore>(
         Arc::new(InTheLog),
         Capabilities::new(options.secret.as_bytes()),
         crate::serve::outbound(&options.networks)?,
-    ))
+    )
+    .with_shared_lanes(lanes))
+}
+
+/// The shared concurrency limits of a cluster of `options.partitions`.
+fn lanes(options: &ClusterOptions) -> Arc<KvLanes> {
+    Arc::new(KvLanes::new(Layout::new(options.partitions)))
 }
 
 /// The engine configuration both roles start from.
@@ -288,6 +296,22 @@ pub struct RunningRuntime {
 /// for what needs the store, until it is reached).
 const ATTACH_WAIT: Duration = Duration::from_secs(10);
 
+/// The KV buckets a runtime node shares with the other processes, bound
+/// once NATS answers.
+struct Buckets {
+    sessions: Arc<SharedSessions>,
+    rate_limits: Arc<KvBuckets>,
+    lanes: Arc<KvLanes>,
+}
+
+/// Binds the concurrency limits' bucket, for as long as it takes.
+async fn attach_lanes(lanes: &KvLanes, js: &async_nats::jetstream::Context, replicas: usize) {
+    while let Err(e) = lanes.attach(js, replicas).await {
+        warn!(error = %e, "binding the concurrency-limits bucket failed; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Gives a runtime node its JetStream store once NATS answers, then its
 /// toolsets and the tool servers it was told to register; each step is
 /// retried for as long as it takes.
@@ -297,8 +321,7 @@ async fn attach(
     events: Arc<ClientEvents>,
     store: Arc<Deferred>,
     engine: Arc<Engine>,
-    sessions: Arc<SharedSessions>,
-    buckets: Arc<KvBuckets>,
+    shared: Buckets,
 ) {
     let jetstream = loop {
         match jetstream_store(&options.cluster, Role::Runtime, &client, &events, None).await {
@@ -325,14 +348,19 @@ async fn attach(
     }
     store.set(jetstream.clone());
     let js = async_nats::jetstream::new(client.clone());
-    while let Err(e) = sessions.attach(&js, options.cluster.replicas).await {
+    while let Err(e) = shared.sessions.attach(&js, options.cluster.replicas).await {
         warn!(error = %e, "binding the MCP sessions bucket failed; retrying");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    while let Err(e) = buckets.attach(&js, options.cluster.replicas).await {
+    while let Err(e) = shared
+        .rate_limits
+        .attach(&js, options.cluster.replicas)
+        .await
+    {
         warn!(error = %e, "binding the rate-limits bucket failed; retrying");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    attach_lanes(&shared.lanes, &js, options.cluster.replicas).await;
     loop {
         match follow_catalog(&engine, &jetstream).await {
             Ok(()) => break,
@@ -369,7 +397,9 @@ pub async fn start_runtime(
     let buckets = Arc::new(KvBuckets::default());
     let mut config = engine_config(&public_url, options.max_body_bytes);
     config.rate_limits = options.rate_limits;
-    let mut engine = engine(&options.cluster, config, store.clone())?.with_buckets(buckets.clone());
+    let lanes = lanes(&options.cluster);
+    let mut engine = engine(&options.cluster, config, store.clone(), lanes.clone())?
+        .with_buckets(buckets.clone());
     if let Some(path) = &options.audit_log {
         engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
     }
@@ -383,8 +413,11 @@ pub async fn start_runtime(
         events,
         store.clone(),
         engine.clone(),
-        sessions.clone(),
-        buckets,
+        Buckets {
+            sessions: sessions.clone(),
+            rate_limits: buckets,
+            lanes,
+        },
     ));
     // NATS reachable: serve once attached. Not reachable: serve anyway
     // after a while (503s, a /healthz that says why), and attach later.
@@ -449,11 +482,15 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
         .clone()
         .context("a worker needs --public-url")?;
     let store = jetstream_store(&options.cluster, Role::Worker, &client, &events, Some(60)).await?;
+    let lanes = lanes(&options.cluster);
+    let js = async_nats::jetstream::new(client.clone());
+    attach_lanes(&lanes, &js, options.cluster.replicas).await;
     let engine = Arc::new(
         engine(
             &options.cluster,
             engine_config(&public_url, Config::default().max_body_bytes),
             store.clone(),
+            lanes,
         )?
         .with_acknowledgements(Acknowledgements::AfterGrace(DISPATCH_GRACE)),
     );
@@ -476,6 +513,11 @@ async fn start_worker(options: &WorkerOptions) -> anyhow::Result<StartedWorker> 
                     tokio::spawn(asking);
                 }
                 Err(e) => warn!(error = %e, "recovery sweep failed"),
+            }
+            match sweeper.sweep_lanes().await {
+                Ok(0) => {}
+                Ok(n) => info!(changed = n, "concurrency limits swept"),
+                Err(e) => warn!(error = %e, "sweeping the concurrency limits failed"),
             }
             ask_after = reconcile_after;
         }

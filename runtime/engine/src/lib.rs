@@ -12,6 +12,7 @@ pub mod limiter;
 pub mod log_rate;
 pub mod metrics;
 pub mod sessions;
+pub mod shared_lanes;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

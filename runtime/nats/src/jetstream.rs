@@ -163,7 +163,7 @@ impl JetStreamStore {
         let mut streams = vec![];
         for p in 0..layout.partitions() {
             let (source, destination) = layout.republished(p);
-            let stream = js
+            let mut stream = js
                 .get_or_create_stream(stream::Config {
                     name: layout.stream(p),
                     subjects: layout.stream_subjects(p),
@@ -182,6 +182,16 @@ impl JetStreamStore {
                 })
                 .await
                 .map_err(backend)?;
+            // A stream made by an older Ferry lacks subjects added since.
+            let wanted = layout.stream_subjects(p);
+            if stream.cached_info().config.subjects != wanted {
+                let config = stream::Config {
+                    subjects: wanted,
+                    ..stream.cached_info().config.clone()
+                };
+                js.update_stream(config).await.map_err(backend)?;
+                stream = js.get_stream(layout.stream(p)).await.map_err(backend)?;
+            }
             streams.push(stream);
         }
         let last = LastReads {

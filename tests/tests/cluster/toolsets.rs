@@ -139,24 +139,3 @@ async fn a_token_made_on_one_node_works_on_the_other_and_so_does_its_revocation(
     )
     .await;
 }
-
-/// A cluster does not keep `max_concurrent_calls` yet: a policy asking for
-/// it is refused, not silently ignored.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_concurrency_limit_is_refused_on_a_cluster() {
-    let c = Cluster::start(0).await;
-    let (status, body) =
-        c.a.api()
-            .patch("/v1/toolsets/t", &json!({"max_concurrent_calls": 2}))
-            .await;
-    assert_eq!(status, 400, "{body}");
-    let message = body["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("ferry serve"), "{message}");
-    let (_, shown) = c.a.api().get("/v1/toolsets/t").await;
-    assert!(
-        shown["versions"][0]["policy"]
-            .get("max_concurrent_calls")
-            .is_none(),
-        "{shown}"
-    );
-}

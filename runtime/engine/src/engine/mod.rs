@@ -246,6 +246,9 @@ pub struct Engine {
     /// Calls held back by their toolset's `max_concurrent_calls`
     /// ([`Engine::with_concurrency_limits`]; none on a cluster).
     pub(crate) lanes: Option<crate::concurrency::Lanes<ferry_proto::bus::Work>>,
+    /// The same limits, shared by every process of a cluster
+    /// ([`Engine::with_shared_lanes`]).
+    pub(crate) shared_lanes: Option<Arc<dyn crate::shared_lanes::SharedLanes>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -295,6 +298,7 @@ impl Engine {
             refusals: audit::Refusals::default(),
             audit_lines: None,
             lanes: None,
+            shared_lanes: None,
         }
     }
 
@@ -309,6 +313,15 @@ impl Engine {
     /// dispatches every call itself (`ferry serve`).
     pub fn with_concurrency_limits(mut self) -> Self {
         self.lanes = Some(crate::concurrency::Lanes::default());
+        self
+    }
+
+    /// Keeps toolsets' `max_concurrent_calls` in `lanes`, which every
+    /// process of a cluster shares: workers enter calls there before they
+    /// dispatch them, and every process leaves for the calls whose end it
+    /// writes.
+    pub fn with_shared_lanes(mut self, lanes: Arc<dyn crate::shared_lanes::SharedLanes>) -> Self {
+        self.shared_lanes = Some(lanes);
         self
     }
 

@@ -266,10 +266,12 @@ impl Engine {
     }
 
     async fn install_checked(&self, loaded: LoadedToolset) -> Result<RegisteredToolset, Error> {
-        if self.lanes.is_none() && loaded.stored.policy.max_concurrent_calls.is_some() {
+        if self.lanes.is_none()
+            && self.shared_lanes.is_none()
+            && loaded.stored.policy.max_concurrent_calls.is_some()
+        {
             return Err(Error::InvalidRequest(
-                "max_concurrent_calls is kept by `ferry serve` only: a cluster does not enforce it yet"
-                    .into(),
+                "max_concurrent_calls is not kept by this process".into(),
             ));
         }
         self.catalog.put_toolset(&loaded.stored).await?;

@@ -1,6 +1,8 @@
 //! The durable consumer all workers share on each partition's stream: it
 //! takes the commits of every thread's log that hand calls to dispatch
-//! (`ferry.<p>.log.*.d` in `FERRY_THREADS_<p>`), so any worker takes any
+//! (`ferry.<p>.log.*.d` in `FERRY_THREADS_<p>`) and the calls of limited
+//! toolsets given room after they waited (`ferry.<p>.ready.>`), so any
+//! worker takes any
 //! call, and a commit not acked
 //! in time goes to another worker. A consumer made anew (the first worker
 //! ever, or after an operator deleted it) starts from the stream's first
@@ -133,20 +135,25 @@ fn refused_for_good(e: &stream::ConsumerUpdateError) -> bool {
     !passing.contains(&e.error_code())
 }
 
-/// The shared durable pull consumer of partition `partition`'s stream.
+/// The shared durable pull consumer of partition `partition`'s stream: the
+/// commits that hand calls to dispatch, and the calls of limited toolsets
+/// given room after they waited.
 pub async fn consumer(
     js: &jetstream::Context,
     layout: Layout,
     partition: usize,
 ) -> Result<consumer::PullConsumer, Error> {
-    js.get_stream(layout.stream(partition))
+    let stream = js
+        .get_stream(layout.stream(partition))
         .await
-        .map_err(nats)?
+        .map_err(nats)?;
+    let filters = vec![layout.dispatching(partition), layout.readies(partition)];
+    let bound = stream
         .get_or_create_consumer(
             CONSUMER,
             consumer::pull::Config {
                 durable_name: Some(CONSUMER.into()),
-                filter_subject: layout.dispatching(partition),
+                filter_subjects: filters.clone(),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: ACK_WAIT,
                 max_ack_pending: MAX_ACK_PENDING as i64,
@@ -154,5 +161,16 @@ pub async fn consumer(
             },
         )
         .await
-        .map_err(nats)
+        .map_err(nats)?;
+    let current = bound.cached_info().config.clone();
+    if current.filter_subjects == filters {
+        return Ok(bound);
+    }
+    // Made by an older Ferry, which took the commits only.
+    let wanted = consumer::pull::Config {
+        filter_subject: String::new(),
+        filter_subjects: filters,
+        ..consumer::pull::Config::try_from_consumer_config(current).map_err(nats)?
+    };
+    stream.update_consumer(wanted).await.map_err(nats)
 }

@@ -14,6 +14,7 @@
 //! | `ferry.<p>.log.<g>.d` | `FERRY_THREADS_<p>` | a commit of the thread's log that hands calls to dispatch: what workers consume |
 //! | `ferry.<p>.log.<g>.c` | `FERRY_THREADS_<p>` | any other commit of the thread's log |
 //! | `ferry.<p>.call.<g>.<id>` | `FERRY_THREADS_<p>` | the latest record of each call |
+//! | `ferry.<p>.ready.<g>.<id>` | `FERRY_THREADS_<p>` | a call of a limited toolset given room after it waited: workers consume it too |
 //! | `ferry.<p>.logged.<g>.<d\|c>` | (republished by `FERRY_THREADS_<p>`) | the headers of each commit the stream *stored*, for runtime nodes to wake readers |
 //!
 //! A thread's log is both commit subjects together, `ferry.<p>.log.<g>.*`:
@@ -25,6 +26,8 @@ use base64::Engine as _;
 
 const LOG: &str = "log";
 const CALL: &str = "call";
+/// A call handed out of its lane's wait ([`ferry_engine::shared_lanes`]).
+const READY: &str = "ready";
 /// Where a stream republishes (headers only) each commit it stored. Not
 /// the log itself: a publish that loses its compare-and-set still reaches
 /// core subscribers of its subject.
@@ -80,7 +83,11 @@ impl Layout {
 
     /// What stream `p` holds.
     pub fn stream_subjects(&self, p: usize) -> Vec<String> {
-        vec![format!("ferry.{p}.{LOG}.>"), format!("ferry.{p}.{CALL}.>")]
+        vec![
+            format!("ferry.{p}.{LOG}.>"),
+            format!("ferry.{p}.{CALL}.>"),
+            format!("ferry.{p}.{READY}.>"),
+        ]
     }
 
     /// What stream `p` republishes, and where.
@@ -115,6 +122,17 @@ impl Layout {
         format!("ferry.{p}.{LOG}.*.{DISPATCHES}")
     }
 
+    /// Where a call of a limited toolset goes once it was given room.
+    pub fn ready(&self, group_id: &str, id: &str) -> String {
+        let p = self.partition(group_id);
+        format!("ferry.{p}.{READY}.{}.{}", token(group_id), token(id))
+    }
+
+    /// Every call of partition `p` given room after it waited.
+    pub fn readies(&self, p: usize) -> String {
+        format!("ferry.{p}.{READY}.>")
+    }
+
     /// Every log subject of partition `p`.
     pub fn logs(&self, p: usize) -> String {
         format!("ferry.{p}.{LOG}.*.*")
@@ -137,7 +155,12 @@ pub fn group_of(subject: &str) -> Option<String> {
     untoken(subject.split('.').nth(3)?)
 }
 
-/// The call id of a `ferry.<p>.call.<g>.<id>` subject.
+/// Whether `subject` is a `ferry.<p>.ready.<g>.<id>` subject.
+pub fn is_ready(subject: &str) -> bool {
+    subject.split('.').nth(2) == Some(READY)
+}
+
+/// The call id of a `ferry.<p>.call.<g>.<id>` (or `ready`) subject.
 pub fn call_id_of(subject: &str) -> Option<String> {
     untoken(subject.split('.').nth(4)?)
 }

@@ -1,5 +1,7 @@
 //! A worker's loop: it carries out the commits that hand calls to dispatch
-//! (`ferry.<p>.log.*.d`, see [`super::streams`]). A commit is acked only after
+//! (`ferry.<p>.log.*.d`, see [`super::streams`]) and the calls of limited
+//! toolsets given room after they waited (`ferry.<p>.ready.*.*`, see
+//! [`super::lanes`]). A commit is acked only after
 //! each of its calls' outcomes is stored (or the call is found no longer
 //! waiting), so a worker killed at any point leaves it to another worker;
 //! the state machine makes the repeat harmless (invariants 2 and 4). The
@@ -193,19 +195,66 @@ pub(crate) async fn hand_back(message: &jetstream::Message) {
     }
 }
 
-/// The calls a commit of `ferry.<p>.log.<g>.d` hands to dispatch, as work.
-fn work_in(engine: &Engine, message: &jetstream::Message) -> Result<Vec<Work>, String> {
+/// What one message hands to dispatch: the work to do now, and the calls
+/// of limited lanes among it (`(group_id, id)`), which leave their lane
+/// afterwards if they have ended.
+#[derive(Default)]
+struct Taken {
+    work: Vec<Work>,
+    limited: Vec<(String, String)>,
+    /// A call of a limited lane could not enter it (NATS away): the
+    /// message comes back later for it.
+    unentered: bool,
+}
+
+/// The calls a commit of `ferry.<p>.log.<g>.d` hands to dispatch, each
+/// entered in its lane first when its toolset limits how many run at once
+/// (one without room waits there, and comes back as a `ready` message).
+async fn work_in(engine: &Engine, message: &jetstream::Message) -> Result<Taken, String> {
     let group_id = subjects::group_of(&message.subject).ok_or("not a thread's subject")?;
+    if subjects::is_ready(&message.subject) {
+        let id = subjects::call_id_of(&message.subject).ok_or("not a call's subject")?;
+        let mut taken = Taken::default();
+        match engine.ready_work(&group_id, &id).await {
+            Ok(work) => taken.work.extend(work),
+            Err(e) => {
+                warn!(group_id, id, error = %e, "could not read a call given room; taking it again later");
+                taken.unentered = true;
+            }
+        }
+        taken.limited.push((group_id, id));
+        return Ok(taken);
+    }
     let commit: Commit = codec::decode(&message.payload).map_err(|e| e.to_string())?;
-    Ok(commit
-        .dispatches()
-        .filter_map(|call| engine.work_for(&group_id, call, commit.meta.ancestors.as_deref()))
-        .collect())
+    let seq = message.info().map_or(0, |i| i.stream_sequence);
+    let mut taken = Taken::default();
+    for call in commit.dispatches() {
+        let Some(work) = engine.work_for(&group_id, call, commit.meta.ancestors.as_deref()) else {
+            continue;
+        };
+        if !engine.in_limited_lane(call) {
+            taken.work.push(work);
+            continue;
+        }
+        match engine.enter_lane(&group_id, call, seq).await {
+            Ok(true) => {
+                taken.work.push(work);
+                taken.limited.push((group_id.clone(), call.id.clone()));
+            }
+            // It waits in its lane, which hands it out again.
+            Ok(false) => {}
+            Err(e) => {
+                warn!(group_id, id = call.id, error = %e, "could not enter a call in its toolset's lane; taking it again later");
+                taken.unentered = true;
+            }
+        }
+    }
+    Ok(taken)
 }
 
 async fn carry_out(engine: &Engine, worker: &Worker, message: jetstream::Message, stop: &Stop) {
-    let work = match work_in(engine, &message) {
-        Ok(work) => work,
+    let taken = match work_in(engine, &message).await {
+        Ok(taken) => taken,
         Err(e) => {
             warn!(subject = %message.subject, error = %e, "unreadable commit dropped");
             let _ = message.ack_with(AckKind::Term).await;
@@ -214,16 +263,22 @@ async fn carry_out(engine: &Engine, worker: &Worker, message: jetstream::Message
     };
     // Dispatch retries can outlast the ack deadline. A commit hands out
     // one call as a rule; several go out at once.
-    let all = futures::future::join_all(work.into_iter().map(|w| worker.handle(w)));
+    let all = futures::future::join_all(taken.work.into_iter().map(|w| worker.handle(w)));
     let handled = match at_work(&message, all, stop).await {
         Some(handled) => handled,
         // Handed back already.
         None => return,
     };
+    for (group_id, id) in &taken.limited {
+        if let Err(e) = engine.after_lane_dispatch(group_id, id).await {
+            // The workers' sweep finds it ended and leaves for it.
+            warn!(group_id, id, error = %e, "could not leave an ended call's lane");
+        }
+    }
     if handled.contains(&Handled::HandedBack) {
         return hand_back(&message).await;
     }
-    if handled.contains(&Handled::Unrecorded) {
+    if handled.contains(&Handled::Unrecorded) || taken.unentered {
         // Dispatch again later: an outcome is not stored anywhere. The
         // calls recorded meanwhile are no longer waiting, and are skipped.
         let _ = message
