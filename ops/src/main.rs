@@ -313,6 +313,7 @@ impl FrontArgs {
             },
             wait: Duration::from_secs(self.oxp_wait_secs),
             max_body_bytes,
+            allowed_hosts: self.mcp_allowed_hosts.clone(),
         }
     }
 

@@ -378,6 +378,7 @@ pub(crate) fn protocol_fronts(
     let api_tokens = api_tokens.clone().with_named(engine.clone());
     let mut oxp = oxp.clone();
     oxp.auth.api_tokens = api_tokens.clone();
+    oxp.allowed_hosts = mcp.allowed_hosts.clone();
     let mut mcp = mcp.clone();
     mcp.api_tokens = api_tokens;
     if let Some(authority) = public_url

@@ -233,3 +233,44 @@ async fn bodies_not_declared_json_are_refused_and_change_nothing() {
     let (status, body) = send(&ferry, post, "/v1/threads/g/close", &[], None).await;
     assert!(status < 300, "{status}: {body}");
 }
+
+/// OXP answers the same `Host` check in its own error shape: a page on a
+/// name rebound to this machine can neither list the tools nor call one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_host_is_refused_on_oxp_in_its_own_shape() {
+    let tool = TestTool::start("t", &["echo"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let rebound = format!("rebound.example:{}", ferry.port);
+    let host = ("host", rebound.as_str());
+    let (status, body) = send(&ferry, reqwest::Method::GET, "/oxp/tools", &[host], None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].is_string() && body["$schema"].is_string(),
+        "{body}"
+    );
+    assert!(!body.to_string().contains("echo"), "{body}");
+    let oxp_call = json!({"request": {"tool_id": "t.echo", "input": {}, "call_id": "c"}});
+    let (status, body) = send(
+        &ferry,
+        reqwest::Method::POST,
+        "/oxp/tools/call",
+        &[host, JSON],
+        Some(oxp_call.to_string()),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(tool.invocations().is_empty(), "a refused call was sent");
+    let (_, threads) = ferry.api().get("/v1/threads").await;
+    assert_eq!(threads["threads"], json!([]), "{threads}");
+    // Its own name still lists the tools.
+    let own = format!("127.0.0.1:{}", ferry.port);
+    let (status, body) = send(
+        &ferry,
+        reqwest::Method::GET,
+        "/oxp/tools",
+        &[("host", &own)],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}

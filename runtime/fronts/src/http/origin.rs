@@ -164,11 +164,21 @@ pub async fn refuse_foreign_host(
     request: Request,
     next: Next,
 ) -> Response {
+    match foreign_host(&origins, &request) {
+        Some(refusal) => refusal.into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// Why `request` is refused for its `Host` (403 for a foreign one, 400
+/// for none), if it is: the check of [`refuse_foreign_host`], for fronts
+/// that answer in a shape of their own.
+pub(crate) fn foreign_host(origins: &Origins, request: &Request) -> Option<ApiError> {
     let path = request.uri().path();
     if answers_any_host(path) {
-        return next.run(request).await;
+        return None;
     }
-    let refusal = match authority(&request) {
+    match authority(request) {
         Some(Ok(host)) if origins.own_host(host) => None,
         Some(found) => {
             let host = found.unwrap_or("(not text)");
@@ -182,10 +192,6 @@ pub async fn refuse_foreign_host(
             ErrorCode::InvalidRequest,
             "the request names no Host",
         )),
-    };
-    match refusal {
-        Some(refusal) => refusal.into_response(),
-        None => next.run(request).await,
     }
 }
 

@@ -32,6 +32,9 @@ pub struct OxpConfig {
     pub wait: Duration,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// Names besides loopback and the public URL's that requests may give
+    /// in `Host` (as for the native API and `/mcp`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for OxpConfig {
@@ -40,6 +43,7 @@ impl Default for OxpConfig {
             auth: AuthConfig::default(),
             wait: Duration::from_secs(30),
             max_body_bytes: 1 << 20,
+            allowed_hosts: vec![],
         }
     }
 }
@@ -59,8 +63,10 @@ pub struct Oxp {
 
 /// The `/oxp` routes, to merge beside the native API.
 pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: &OxpConfig) -> Router {
+    let origins =
+        crate::http::origin::Origins::new(&engine.config().public_url, &config.allowed_hosts);
     let state = Arc::new(Oxp {
-        origins: crate::http::origin::Origins::new(&engine.config().public_url, &[]),
+        origins: origins.clone(),
         engine,
         perform,
         auth: auth::Auth::new(&config.auth),
@@ -71,5 +77,29 @@ pub fn router(engine: Arc<Engine>, perform: Arc<dyn Perform>, config: &OxpConfig
         .route("/oxp/health", get(tools::health))
         .route("/oxp/tools", get(tools::list))
         .route("/oxp/tools/call", post(call::call))
+        // A page whose name was made to point at this machine (DNS
+        // rebinding) is refused before any tool is listed or called.
+        .layer(axum::middleware::from_fn_with_state(
+            origins,
+            refuse_foreign_host,
+        ))
         .with_state(state)
+}
+
+/// The native API's `Host` check, answered as an OXP error: 400 with the
+/// reason for the developer.
+async fn refuse_foreign_host(
+    axum::extract::State(origins): axum::extract::State<crate::http::origin::Origins>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match crate::http::origin::foreign_host(&origins, &request) {
+        Some(refusal) => wire::OxpError::server(
+            "Requests naming another server are refused",
+            refusal.body.error.message,
+        )
+        .into_response(),
+        None => next.run(request).await,
+    }
 }
