@@ -209,6 +209,10 @@ pub async fn start(
         ..Config::default()
     };
     let store = Arc::new(store);
+    let consumers = ferry_engine::delivery::Consumers::load(store.clone(), &*store)
+        .await
+        .context("loading the consumers")?;
+    ferry_engine::delivery::describe();
     let mut engine = Engine::new(
         config,
         store.clone(),
@@ -218,7 +222,8 @@ pub async fn start(
         client.clone(),
     )
     .with_acknowledgements(Acknowledgements::SINGLE_PROCESS)
-    .with_concurrency_limits();
+    .with_concurrency_limits()
+    .with_consumers(Arc::new(consumers));
     if let Some(path) = &options.audit_log {
         engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
     }

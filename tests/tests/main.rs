@@ -14,6 +14,7 @@ mod choices;
 mod cluster;
 mod concurrency;
 mod connections;
+mod consumers;
 mod dashboard;
 mod data_dir;
 mod dispatch;

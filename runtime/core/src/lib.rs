@@ -5,6 +5,7 @@
 //! engine passes in the time and writes what is decided.
 
 pub mod audit;
+pub mod consumer;
 pub mod credential;
 pub mod digest;
 pub mod identity;

@@ -7,6 +7,7 @@
 
 pub mod bus;
 pub mod concurrency;
+pub mod delivery;
 pub mod engine;
 pub mod limiter;
 pub mod log_rate;
@@ -17,5 +18,7 @@ pub mod shared_lanes;
 pub mod testing;
 
 pub use engine::{Acknowledgements, Config, Engine};
-pub use ferry_core::{audit, credential, digest, identity, limits, thread, token, toolsets};
+pub use ferry_core::{
+    audit, consumer, credential, digest, identity, limits, thread, token, toolsets,
+};
 pub use ferry_store as store;

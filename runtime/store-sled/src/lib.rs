@@ -27,6 +27,7 @@
 
 mod audit;
 pub mod commit;
+mod delivery;
 mod keys;
 mod pointer;
 mod tip;
@@ -50,7 +51,10 @@ use ferry_core::thread::{CallRecord, ThreadMeta, ThreadState};
 use ferry_core::toolsets::StoredToolset;
 use ferry_store::codec::{decode, encode};
 use ferry_store::log::{Commit, CommitEvents, CommitHead};
-use ferry_store::{CatalogStore, Durability, Durable, Error, Store, Watch, Write};
+use ferry_store::{
+    CatalogStore, DeadLetter, DeliveryStore, Durability, Durable, Error, Store, StoredConsumer,
+    Watch, Write,
+};
 
 /// Threads whose last commit is kept decoded in memory.
 const CACHED_THREADS: usize = 4096;
@@ -70,6 +74,7 @@ pub struct SledStore {
     toolsets: sled::Tree,
     tokens: sled::Tree,
     audit: audit::AuditLog,
+    deliveries: delivery::Deliveries,
     commit: GroupCommit,
     /// Per thread with a write in flight or a reader waiting: the last
     /// durable sequence number. Readers never see past it, so an event that
@@ -147,6 +152,7 @@ impl SledStore {
         }
         Ok(Self {
             audit: audit::AuditLog::open(&db)?,
+            deliveries: delivery::Deliveries::open(&db)?,
             log,
             calls,
             toolsets,
@@ -677,6 +683,41 @@ pub(crate) async fn open_when_unlocked<T, E: std::fmt::Display>(
             }
             other => return other,
         }
+    }
+}
+
+#[async_trait]
+impl DeliveryStore for SledStore {
+    async fn put_consumer(&self, consumer: &StoredConsumer) -> Result<(), Error> {
+        self.deliveries.put(consumer)?;
+        self.flush().await
+    }
+
+    async fn delete_consumer(&self, name: &str) -> Result<(), Error> {
+        self.deliveries.delete(name)?;
+        self.flush().await
+    }
+
+    async fn consumers(&self) -> Result<Vec<StoredConsumer>, Error> {
+        self.deliveries.all()
+    }
+
+    async fn cursors(&self, name: &str) -> Result<Vec<(String, u64)>, Error> {
+        self.deliveries.cursors(name)
+    }
+
+    async fn advance(
+        &self,
+        name: &str,
+        cursors: &[(String, u64)],
+        dead: &[DeadLetter],
+    ) -> Result<(), Error> {
+        self.deliveries.advance(name, cursors, dead)?;
+        self.flush().await
+    }
+
+    async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        self.deliveries.dead_letters(name, limit)
     }
 }
 

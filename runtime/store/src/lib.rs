@@ -272,6 +272,49 @@ pub trait Store: Send + Sync + 'static {
     async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, Error>;
 }
 
+/// A consumer as Ferry keeps it: what was asked for, and when and by whom.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoredConsumer {
+    pub spec: ferry_core::consumer::ConsumerSpec,
+    pub created_at: ferry_proto::time::Timestamp,
+    pub created_by: String,
+}
+
+/// An event a consumer gave up on: handed out `deliveries` times without
+/// an acknowledgement.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeadLetter {
+    pub group_id: String,
+    pub seq: u64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub deliveries: u32,
+    pub at: ferry_proto::time::Timestamp,
+}
+
+/// Consumers and where each stands in each thread: every event through a
+/// thread's cursor is acknowledged, dead-lettered or not the consumer's.
+/// Each change is durable when it returns.
+#[async_trait]
+pub trait DeliveryStore: Send + Sync + 'static {
+    async fn put_consumer(&self, consumer: &StoredConsumer) -> Result<(), Error>;
+    /// Removes a consumer with its cursors and dead letters.
+    async fn delete_consumer(&self, name: &str) -> Result<(), Error>;
+    async fn consumers(&self) -> Result<Vec<StoredConsumer>, Error>;
+    /// Consumer `name`'s cursor in each thread it has one in.
+    async fn cursors(&self, name: &str) -> Result<Vec<(String, u64)>, Error>;
+    /// Moves consumer `name`'s cursors to `cursors` and records `dead`, in
+    /// one durable step.
+    async fn advance(
+        &self,
+        name: &str,
+        cursors: &[(String, u64)],
+        dead: &[DeadLetter],
+    ) -> Result<(), Error>;
+    /// Consumer `name`'s dead letters, oldest first, at most `limit`.
+    async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error>;
+}
+
 /// What operators register: toolsets, and named API tokens (their records,
 /// never their secrets). Each change is durable when it returns.
 #[async_trait]

@@ -12,6 +12,7 @@ pub mod audit;
 mod callbacks;
 pub mod calls;
 mod choices;
+mod consumers;
 mod discovery;
 mod health;
 mod lanes;
@@ -249,6 +250,8 @@ pub struct Engine {
     /// The same limits, shared by every process of a cluster
     /// ([`Engine::with_shared_lanes`]).
     pub(crate) shared_lanes: Option<Arc<dyn crate::shared_lanes::SharedLanes>>,
+    /// [`Engine::with_consumers`].
+    consumers: Option<Arc<crate::delivery::Consumers>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -299,6 +302,7 @@ impl Engine {
             audit_lines: None,
             lanes: None,
             shared_lanes: None,
+            consumers: None,
         }
     }
 
@@ -547,6 +551,20 @@ impl Engine {
                 durable.await?;
             }
             self.ship_audit(&audit);
+            if let Some(consumers) = &self.consumers {
+                if durability == Durability::Await {
+                    consumers.touched(group_id);
+                } else {
+                    // Consumers read durable events only: look once they are.
+                    let (store, consumers) = (self.store.clone(), consumers.clone());
+                    let group_id = group_id.to_owned();
+                    tokio::spawn(async move {
+                        if store.durable(&group_id).await.is_ok() {
+                            consumers.touched(&group_id);
+                        }
+                    });
+                }
+            }
             self.release_lanes(&state, &events).await;
             return Ok(Executed {
                 decision: decided?,

@@ -7,6 +7,7 @@ pub mod auth;
 pub(crate) mod body;
 mod callbacks;
 pub(crate) mod calls;
+mod consumers;
 mod error;
 pub(crate) mod host;
 pub mod jwt;
@@ -246,6 +247,16 @@ fn guarded_routes(app: &AppState) -> Router<AppState> {
         .merge(admin)
         .merge(thread)
         .route("/v1/whoami", get(tokens::whoami))
+        .route(
+            "/v1/consumers",
+            post(consumers::create).get(consumers::list),
+        )
+        .route(
+            "/v1/consumers/{name}",
+            get(consumers::show).delete(consumers::delete),
+        )
+        .route("/v1/consumers/{name}/next", get(consumers::next))
+        .route("/v1/consumers/{name}/ack", post(consumers::ack))
         .route("/v1/tools", get(toolsets::tools))
         .route("/v1/calls", post(calls::submit))
         .route("/v1/threads", get(threads::list))

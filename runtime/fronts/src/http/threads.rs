@@ -73,7 +73,7 @@ fn invalid(message: String) -> ApiError {
     ApiError::new(ErrorCode::InvalidRequest, message)
 }
 
-fn number<T: std::str::FromStr>(
+pub(crate) fn number<T: std::str::FromStr>(
     query: &HashMap<String, String>,
     name: &str,
 ) -> Result<Option<T>, ApiError> {

@@ -1,0 +1,365 @@
+//! Consumers (docs/api.md "Consumers"): durable delivery cursors over every
+//! thread. Pullers sharing one get each event once at a time, a thread's
+//! events in order; what is not acknowledged within `ack_wait_secs` comes
+//! back, and after `max_deliver` deliveries is dead-lettered; a restart
+//! loses nothing unacknowledged and hands out nothing acknowledged.
+
+use std::collections::{BTreeMap, HashSet};
+
+use ferry_tests::api::Api;
+use ferry_tests::{Ferry, TestTool};
+use serde_json::{json, Value};
+
+/// Submits call `id` in thread `g` and has the tool answer it.
+async fn answered(api: &Api, tool: &TestTool, g: &str, id: &str) {
+    let call = json!({"operation": "op", "arguments": {}, "group_id": g, "id": id});
+    let (status, body) = api.submit(call).await;
+    assert_eq!(status, 202, "{body}");
+    let sent = tool.next_invocation().await.invocation;
+    let result = json!({"type": "tool_result", "group_id": g, "id": id, "text": id});
+    let (status, body) = api.post(&sent.callback_url, &result).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+async fn make(api: &Api, spec: Value) -> Value {
+    let (status, body) = api.post("/v1/consumers", &spec).await;
+    assert_eq!(status, 201, "{body}");
+    body
+}
+
+/// `GET …/next`: the `(group_id, seq, deliveries)` handed out.
+async fn next(api: &Api, name: &str, query: &str) -> Vec<(String, u64, u64)> {
+    let (status, body) = api.get(&format!("/v1/consumers/{name}/next?{query}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "tool_result", "{e}");
+            (
+                e["group_id"].as_str().unwrap().to_owned(),
+                e["seq"].as_u64().unwrap(),
+                e["deliveries"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn ack(api: &Api, name: &str, events: &[(String, u64, u64)]) -> Value {
+    let acks: Vec<Value> = events
+        .iter()
+        .map(|(g, seq, _)| json!({"group_id": g, "seq": seq}))
+        .collect();
+    let (status, body) = api
+        .post(&format!("/v1/consumers/{name}/ack"), &json!({"acks": acks}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_hands_out_each_result_once_in_thread_order() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    // Results from before the consumer was made are its too.
+    answered(&api, &tool, "a", "a1").await;
+    make(
+        &api,
+        json!({"name": "results", "filter": {"types": ["tool_result"]}}),
+    )
+    .await;
+    answered(&api, &tool, "a", "a2").await;
+    for g in ["b", "c"] {
+        answered(&api, &tool, g, &format!("{g}1")).await;
+        answered(&api, &tool, g, &format!("{g}2")).await;
+    }
+    // One event of each thread at a time: the first of a, b and c.
+    let first = next(&api, "results", "max=100").await;
+    let threads: HashSet<&str> = first.iter().map(|(g, _, _)| g.as_str()).collect();
+    assert_eq!((first.len(), threads.len()), (3, 3), "{first:?}");
+    assert!(first.iter().all(|(_, _, n)| *n == 1));
+    // Nothing more while they are out.
+    assert_eq!(next(&api, "results", "max=100").await, vec![]);
+    let reply = ack(&api, "results", &first).await;
+    assert_eq!(reply["acknowledged"], 3, "{reply}");
+    let second = next(&api, "results", "max=100").await;
+    assert_eq!(second.len(), 3, "{second:?}");
+    for (g, seq, _) in &second {
+        let before = first.iter().find(|(h, _, _)| h == g).unwrap().1;
+        assert!(*seq > before, "{g}: {seq} after {before}");
+    }
+    ack(&api, "results", &second).await;
+    assert_eq!(next(&api, "results", "max=100&wait=0.2").await, vec![]);
+    // Acknowledging again, or what was never handed out, changes nothing
+    // and says so.
+    let again = ack(
+        &api,
+        "results",
+        &[
+            second[0].clone(),
+            ("a".into(), 999, 0),
+            ("nowhere".into(), 1, 0),
+        ],
+    )
+    .await;
+    assert_eq!(again["acknowledged"], 0, "{again}");
+    let reasons: Vec<&str> = again["ignored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "already acknowledged",
+            "not delivered by this consumer",
+            "not delivered by this consumer"
+        ],
+        "{again}"
+    );
+    let (_, shown) = api.get("/v1/consumers/results").await;
+    assert_eq!(
+        (shown["pending"].as_u64(), shown["out"].as_u64()),
+        (Some(0), Some(0)),
+        "{shown}"
+    );
+    assert_eq!(shown["deliveries"], 6, "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_poll_wakes_for_a_new_result() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}}),
+    )
+    .await;
+    let waiting = {
+        let api = ferry.api();
+        tokio::spawn(async move { next(&api, "r", "wait=20").await })
+    };
+    answered(&api, &tool, "g", "c").await;
+    let got = waiting.await.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "g");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_not_acknowledged_comes_back_then_is_dead_lettered() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}, "ack_wait_secs": 1, "max_deliver": 2}),
+    )
+    .await;
+    answered(&api, &tool, "g", "c1").await;
+    answered(&api, &tool, "g", "c2").await;
+    let first = next(&api, "r", "wait=5").await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].2, 1);
+    // Not acknowledged: back after ack_wait (the long-poll wakes for it).
+    let again = next(&api, "r", "wait=5").await;
+    assert_eq!(
+        (again[0].0.as_str(), again[0].1, again[0].2),
+        ("g", first[0].1, 2)
+    );
+    // Twice without an acknowledgement: dead-lettered, and the thread's
+    // next event goes.
+    let after = next(&api, "r", "wait=5").await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert!(after[0].1 > first[0].1 && after[0].2 == 1, "{after:?}");
+    let (_, shown) = api.get("/v1/consumers/r").await;
+    assert_eq!(shown["dead_lettered"], 1, "{shown}");
+    let letter = &shown["dead_letters"][0];
+    assert_eq!(
+        (
+            letter["group_id"].as_str(),
+            letter["seq"].as_u64(),
+            letter["deliveries"].as_u64()
+        ),
+        (Some("g"), Some(first[0].1), Some(2)),
+        "{shown}"
+    );
+    // A late acknowledgement of the dead letter changes nothing.
+    let late = ack(&api, "r", &first).await;
+    assert_eq!(late["acknowledged"], 0, "{late}");
+}
+
+/// `ferry serve` SIGKILLed with events out and others acknowledged: after
+/// the restart, nothing acknowledged is handed out again, and everything
+/// else is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_loses_nothing_unacknowledged_and_repeats_nothing_acknowledged() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let mut ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}}),
+    )
+    .await;
+    for g in 0..6 {
+        answered(&api, &tool, &format!("g{g}"), "c").await;
+    }
+    let out = next(&api, "r", "max=4").await;
+    assert_eq!(out.len(), 4);
+    ack(&api, "r", &out[..2]).await;
+    ferry.restart().await;
+    let api = ferry.api();
+    let mut after: Vec<(String, u64, u64)> = next(&api, "r", "max=100").await;
+    after.sort();
+    let acked: HashSet<&str> = out[..2].iter().map(|(g, _, _)| g.as_str()).collect();
+    let want: Vec<String> = (0..6)
+        .map(|g| format!("g{g}"))
+        .filter(|g| !acked.contains(g.as_str()))
+        .collect();
+    let got: Vec<String> = after.iter().map(|(g, _, _)| g.clone()).collect();
+    assert_eq!(
+        got, want,
+        "every unacknowledged thread once, no acknowledged one"
+    );
+    ack(&api, "r", &after).await;
+    assert_eq!(next(&api, "r", "max=100").await, vec![]);
+}
+
+/// Two pullers sharing a consumer over 50 threads of three results each:
+/// no event is out to both at once, each thread's results arrive in order,
+/// and every one is acknowledged exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_pullers_share_a_consumer_without_overlap_and_in_thread_order() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}}),
+    )
+    .await;
+    let mut want = BTreeMap::new();
+    for g in 0..50 {
+        for c in 0..3 {
+            answered(&api, &tool, &format!("g{g}"), &format!("c{c}")).await;
+        }
+        want.insert(format!("g{g}"), 3usize);
+    }
+    let pull = |api: Api| async move {
+        let mut got = vec![];
+        loop {
+            let batch = next(&api, "r", "max=7&wait=0.5").await;
+            if batch.is_empty() {
+                return got;
+            }
+            let reply = ack(&api, "r", &batch).await;
+            assert_eq!(reply["acknowledged"], batch.len(), "{reply}");
+            got.extend(batch);
+        }
+    };
+    let (one, two) = tokio::join!(pull(ferry.api()), pull(ferry.api()));
+    let mut per_thread: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (g, seq, deliveries) in one.iter().chain(&two) {
+        assert_eq!(*deliveries, 1, "{g} {seq} handed out twice");
+        per_thread.entry(g.clone()).or_default().push(*seq);
+    }
+    // Each puller saw each thread's results in order (acked in between).
+    for got in [&one, &two] {
+        let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+        for (g, seq, _) in got {
+            let before = last.insert(g, *seq).unwrap_or(0);
+            assert!(*seq > before, "{g}: {seq} after {before}");
+        }
+    }
+    let counts: BTreeMap<String, usize> = per_thread
+        .iter()
+        .map(|(g, seqs)| {
+            let distinct: HashSet<_> = seqs.iter().collect();
+            assert_eq!(distinct.len(), seqs.len(), "{g}: {seqs:?}");
+            (g.clone(), seqs.len())
+        })
+        .collect();
+    assert_eq!(counts, want);
+    assert!(!one.is_empty() && !two.is_empty(), "both pullers got work");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_consumer_requests_are_refused_clearly_and_change_nothing() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    let spec = json!({"name": "r", "filter": {"types": ["tool_result"]}});
+    make(&api, spec.clone()).await;
+    // The same again is no change; another filter under the name is 409.
+    let (status, body) = api.post("/v1/consumers", &spec).await;
+    assert_eq!(status, 200, "{body}");
+    let other = json!({"name": "r", "filter": {"types": ["call_accepted"]}});
+    let (status, body) = api.post("/v1/consumers", &other).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("conflict")),
+        "{body}"
+    );
+    for bad in [
+        json!({"name": "x", "filter": {"types": ["no_such_type"]}}),
+        json!({"name": "x", "filter": {"types": []}}),
+        json!({"name": "x", "filter": "tool_result"}),
+        json!({"name": "x"}),
+        json!({"name": "bad name", "filter": {"types": ["tool_result"]}}),
+        json!({"name": "x", "filter": {"types": ["tool_result"]}, "ack_wait_secs": 0}),
+        json!({"name": "x", "filter": {"types": ["tool_result"]}, "max_deliver": 0}),
+        json!({"name": "x", "filter": {"types": ["tool_result"]}, "unknown": 1}),
+    ] {
+        let (status, body) = api.post("/v1/consumers", &bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{bad}: {body}");
+    }
+    let (_, listed) = api.get("/v1/consumers").await;
+    let names: Vec<&str> = listed["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["r"], "{listed}");
+    let (_, shown) = api.get("/v1/consumers/r").await;
+    assert_eq!(shown["filter"]["types"], json!(["tool_result"]), "{shown}");
+    // Unknown consumers are 404 everywhere.
+    for path in ["/v1/consumers/nope", "/v1/consumers/nope/next"] {
+        let (status, body) = api.get(path).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (404, Some("not_found")),
+            "{path}: {body}"
+        );
+    }
+    let acks = json!({"acks": [{"group_id": "g", "seq": 1}]});
+    let (status, _) = api.post("/v1/consumers/nope/ack", &acks).await;
+    assert_eq!(status, 404);
+    let (status, _) = api.delete("/v1/consumers/nope").await;
+    assert_eq!(status, 404);
+    // Bounds of a pull and of an acknowledgement.
+    for query in ["max=0", "max=1001", "max=x", "wait=61", "wait=-1"] {
+        let (status, body) = api.get(&format!("/v1/consumers/r/next?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+    }
+    for bad in [
+        json!({"acks": []}),
+        json!({"acks": [{"group_id": "g"}]}),
+        json!({"acks": [{"group_id": "g", "seq": -1}]}),
+        json!({"ack": []}),
+    ] {
+        let (status, body) = api.post("/v1/consumers/r/ack", &bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    // Deleted, it is gone, and its name is free again.
+    let (status, _) = api.delete("/v1/consumers/r").await;
+    assert_eq!(status, 200);
+    let (status, _) = api.get("/v1/consumers/r").await;
+    assert_eq!(status, 404);
+    make(&api, other).await;
+}
