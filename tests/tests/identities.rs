@@ -33,6 +33,14 @@ async fn send(
     }
     let response = request.send().await.unwrap();
     let status = response.status().as_u16();
+    // A stream allowed to open never ends: its status is the answer.
+    let streams = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if streams {
+        return (status, Value::Null);
+    }
     let text = response.text().await.unwrap();
     (
         status,
@@ -167,6 +175,28 @@ async fn each_scope_allows_exactly_its_operations_and_refusals_leave_no_trace() 
             None,
             &["read", "review"],
         ),
+        // A submitter's acts on what it started: answering a choice,
+        // ending a subscription, cancelling a call, closing the thread
+        // (in this order: each but the last needs the thread open, and
+        // the first two the call still running).
+        (
+            Method::POST,
+            "/v1/threads/mine/calls/m1/choice".into(),
+            Some(json!({"index": 0})),
+            &["submit"],
+        ),
+        (
+            Method::DELETE,
+            "/v1/threads/mine/subscriptions/none".into(),
+            None,
+            &["submit"],
+        ),
+        (
+            Method::DELETE,
+            "/v1/threads/mine/calls/m1".into(),
+            None,
+            &["submit"],
+        ),
         (
             Method::POST,
             "/v1/threads/mine/close".into(),
@@ -199,6 +229,55 @@ async fn each_scope_allows_exactly_its_operations_and_refusals_leave_no_trace() 
             "/v1/tokens/tok_unknown".into(),
             None,
             &["admin"],
+        ),
+        (Method::GET, "/v1/audit".into(), None, &["admin"]),
+        (
+            Method::PATCH,
+            "/v1/toolsets/nope".into(),
+            Some(json!({"policy": {}})),
+            &["admin"],
+        ),
+        (Method::DELETE, "/v1/toolsets/nope".into(), None, &["admin"]),
+        (
+            Method::POST,
+            "/v1/toolsets/nope/refresh".into(),
+            None,
+            &["admin"],
+        ),
+        // Every caller may learn who it is, whatever its scopes.
+        (
+            Method::GET,
+            "/v1/whoami".into(),
+            None,
+            &["submit", "read", "review", "admin"],
+        ),
+        (Method::GET, "/metrics".into(), None, &["read"]),
+        // The thread's streams, native and ACP: reading, so `read`.
+        (
+            Method::GET,
+            "/v1/threads/shared/stream".into(),
+            None,
+            &["read"],
+        ),
+        (
+            Method::GET,
+            "/v1/threads/shared/acp".into(),
+            None,
+            &["read"],
+        ),
+        // What the dashboard polls, with its own queries.
+        (
+            Method::GET,
+            "/v1/approvals?status=pending".into(),
+            None,
+            &["read", "review"],
+        ),
+        (Method::GET, "/v1/threads?limit=50".into(), None, &["read"]),
+        (
+            Method::GET,
+            "/v1/threads/shared/events?after=0&limit=1000".into(),
+            None,
+            &["read"],
         ),
         (
             Method::POST,
@@ -664,4 +743,252 @@ async fn whoami_names_the_caller_its_scopes_and_bounds() {
         .get("/v1/whoami")
         .await;
     assert_eq!(status, 401);
+}
+
+/// One stateless (2026-07-28) MCP request with `token`: no session to
+/// open first, so each scope's token asks on its own.
+async fn mcp(ferry: &Ferry, token: Option<&str>, method: &str, params: Value) -> (u16, Value) {
+    let mut params = params;
+    params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut request = client
+        .post(format!("{}/mcp", ferry.url))
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = params["name"].as_str() {
+        request = request.header("mcp-name", name);
+    }
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.body(body.to_string()).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Answers the next invocation the tool hears with `text`, as the tool
+/// would through its callback.
+async fn answer_next(ferry: &Ferry, tool: &TestTool, text: &str) {
+    let invoked = tool.next_invocation().await.invocation;
+    let result = json!({"type": "tool_result", "group_id": invoked.group_id,
+                        "id": invoked.id, "text": text});
+    let (status, answer) = ferry.api().post(&invoked.callback_url, &result).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// The same scopes through the other fronts: MCP and OXP submit only with
+/// `submit`, ACP's permission answers decide only with `review` and
+/// withdraw only with `submit`, each refusing in its own shape; none
+/// answers without a token, and no refusal changes anything. The
+/// dashboard's page holds no data and is served to anyone; what it polls
+/// is the native API, in the matrix above.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_front_allows_exactly_its_scopes_operations_and_refusals_leave_no_trace() {
+    let tool = tool().await;
+    let (ferry, root) = locked_ferry(&tool).await;
+    let mut tokens = vec![];
+    for scope in ["submit", "read", "review", "admin"] {
+        let token = make(
+            &ferry,
+            Some(&root),
+            json!({"name": scope, "scopes": [scope]}),
+        )
+        .await;
+        tokens.push((scope, token));
+    }
+    let submitter = tokens[0].1.clone();
+    // A permission request in the submitter's own thread, to withdraw.
+    let own =
+        json!({"operation": "deploy", "arguments": {}, "group_id": "mine", "id": "own-gated"});
+    let (status, reply) = send(
+        &ferry,
+        Some(&submitter),
+        Method::POST,
+        "/v1/calls",
+        Some(&own),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["status"].as_str()),
+        (202, Some("pending_approval")),
+        "{reply}"
+    );
+    let before = footprint(&ferry, &root).await;
+
+    let call_params = |id: &str| {
+        json!({"name": "ops.look", "arguments": {},
+               "_meta": {"io.ferry/group_id": format!("mcp-{id}"), "io.ferry/id": id}})
+    };
+    let oxp_call =
+        |id: &str| json!({"request": {"tool_id": "ops.look", "input": {}, "call_id": id}});
+    let select = json!({"jsonrpc": "2.0", "id": "ferry-permission:gated",
+                        "result": {"outcome": {"outcome": "selected", "optionId": "reject_once"}}});
+    let withdraw = json!({"jsonrpc": "2.0", "id": "ferry-permission:own-gated",
+                          "result": {"outcome": {"outcome": "cancelled"}}});
+    for (scope, token) in &tokens {
+        // Listing tools takes any scope on MCP and OXP (the native
+        // `/v1/tools` asks for `submit` or `read`).
+        let (status, listed) = mcp(&ferry, Some(token), "tools/list", json!({})).await;
+        assert_eq!(status, 200, "{scope}: {listed}");
+        assert!(listed["result"]["tools"].is_array(), "{scope}: {listed}");
+        let (status, listed) = send(&ferry, Some(token), Method::GET, "/oxp/tools", None).await;
+        assert_eq!(status, 200, "{scope}: {listed}");
+        assert!(listed["items"].is_array(), "{scope}: {listed}");
+        if *scope == "submit" {
+            continue;
+        }
+        // A refused MCP call is a tool error the model can read.
+        let (status, refused) = mcp(
+            &ferry,
+            Some(token),
+            "tools/call",
+            call_params(&format!("{scope}-1")),
+        )
+        .await;
+        assert_eq!(status, 200, "{scope}: {refused}");
+        let result = &refused["result"];
+        assert_eq!(result["isError"], true, "{scope}: {refused}");
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.contains("scope this needs"), "{scope}: {text}");
+        // OXP's refusal is its `ServerErrorResponse`.
+        let (status, refused) = send(
+            &ferry,
+            Some(token),
+            Method::POST,
+            "/oxp/tools/call",
+            Some(&oxp_call(&format!("oxp-{scope}"))),
+        )
+        .await;
+        assert_eq!(status, 400, "{scope}: {refused}");
+        assert_eq!(
+            refused["message"], "This credential may not make this call",
+            "{scope}: {refused}"
+        );
+        // ACP: withdrawing is the submitter's, in its own thread.
+        let (status, refused) = send(
+            &ferry,
+            Some(token),
+            Method::POST,
+            "/v1/threads/mine/acp",
+            Some(&withdraw),
+        )
+        .await;
+        assert_eq!(status, 403, "{scope}: {refused}");
+        assert_eq!(refused["id"], "ferry-permission:own-gated", "{refused}");
+        assert!(refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("scope this needs")));
+    }
+    // ACP: deciding is the reviewer's. The submitter is refused at the
+    // thread (not its own) in the native shape, before any JSON-RPC.
+    for (scope, token) in tokens.iter().filter(|(s, _)| *s != "review") {
+        let (status, refused) = send(
+            &ferry,
+            Some(token),
+            Method::POST,
+            "/v1/threads/shared/acp",
+            Some(&select),
+        )
+        .await;
+        assert_eq!(status, 403, "{scope}: {refused}");
+        match *scope {
+            "submit" => assert_eq!(refused["error"]["code"], "forbidden", "{refused}"),
+            _ => assert_eq!(refused["jsonrpc"], "2.0", "{scope}: {refused}"),
+        }
+    }
+    // Without a token, each front answers 401 in its own shape.
+    let (status, refused) = mcp(&ferry, None, "tools/list", json!({})).await;
+    assert_eq!(status, 401, "{refused}");
+    assert!(
+        refused["error"]["code"].is_i64(),
+        "a JSON-RPC error: {refused}"
+    );
+    let (status, refused) = mcp(&ferry, None, "tools/call", call_params("anonymous")).await;
+    assert_eq!(status, 401, "{refused}");
+    for (method, path, body) in [
+        (Method::GET, "/oxp/tools", None),
+        (
+            Method::POST,
+            "/oxp/tools/call",
+            Some(oxp_call("oxp-anonymous")),
+        ),
+    ] {
+        let (status, refused) = send(&ferry, None, method, path, body.as_ref()).await;
+        assert_eq!(status, 401, "{path}: {refused}");
+        assert_eq!(refused["message"], "Authentication is required");
+    }
+    for (path, body) in [
+        ("/v1/threads/shared/acp", &select),
+        ("/v1/threads/mine/acp", &withdraw),
+    ] {
+        let (status, _) = send(&ferry, None, Method::POST, path, Some(body)).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    assert_eq!(
+        footprint(&ferry, &root).await,
+        before,
+        "a refused request changed something"
+    );
+
+    // The dashboard's page: served without a token, as it holds no data.
+    let (status, page) = send(&ferry, None, Method::GET, "/ui", None).await;
+    assert_eq!(status, 200);
+    assert!(page.as_str().is_some_and(|p| p.contains("<html")), "{page}");
+
+    // What each scope is allowed: the submitter's calls run and answer.
+    let (called, ()) = tokio::join!(
+        mcp(&ferry, Some(&submitter), "tools/call", call_params("s-1")),
+        answer_next(&ferry, &tool, "from mcp")
+    );
+    assert_eq!(called.0, 200, "{}", called.1);
+    assert_ne!(called.1["result"]["isError"], true, "{}", called.1);
+    let oxp_submitted = oxp_call("oxp-submit");
+    let ((status, called), ()) = tokio::join!(
+        send(
+            &ferry,
+            Some(&submitter),
+            Method::POST,
+            "/oxp/tools/call",
+            Some(&oxp_submitted)
+        ),
+        answer_next(&ferry, &tool, "from oxp")
+    );
+    assert_eq!(status, 200, "{called}");
+    assert_eq!(called["result"]["success"], true, "{called}");
+    let (status, answer) = send(
+        &ferry,
+        Some(&submitter),
+        Method::POST,
+        "/v1/threads/mine/acp",
+        Some(&withdraw),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let reviewer = &tokens[2].1;
+    let (status, answer) = send(
+        &ferry,
+        Some(reviewer),
+        Method::POST,
+        "/v1/threads/shared/acp",
+        Some(&select),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let (_, call) = send(
+        &ferry,
+        Some(&root),
+        Method::GET,
+        "/v1/threads/shared/calls/gated",
+        None,
+    )
+    .await;
+    assert_eq!(call["status"], "rejected", "{call}");
 }
