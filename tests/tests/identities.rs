@@ -834,14 +834,18 @@ async fn each_front_allows_exactly_its_scopes_operations_and_refusals_leave_no_t
     let withdraw = json!({"jsonrpc": "2.0", "id": "ferry-permission:own-gated",
                           "result": {"outcome": {"outcome": "cancelled"}}});
     for (scope, token) in &tokens {
-        // Listing tools takes any scope on MCP and OXP (the native
-        // `/v1/tools` asks for `submit` or `read`).
+        // Listing tools is never refused on MCP and OXP, but as the native
+        // `/v1/tools` (`submit` or `read`), only those scopes see tools:
+        // a reviewer or an administrator may call none.
+        let sees = ["submit", "read"].contains(scope);
         let (status, listed) = mcp(&ferry, Some(token), "tools/list", json!({})).await;
         assert_eq!(status, 200, "{scope}: {listed}");
-        assert!(listed["result"]["tools"].is_array(), "{scope}: {listed}");
+        let tools = listed["result"]["tools"].as_array().expect("a list");
+        assert_eq!(!tools.is_empty(), sees, "{scope}: {listed}");
         let (status, listed) = send(&ferry, Some(token), Method::GET, "/oxp/tools", None).await;
         assert_eq!(status, 200, "{scope}: {listed}");
-        assert!(listed["items"].is_array(), "{scope}: {listed}");
+        let items = listed["items"].as_array().expect("a list");
+        assert_eq!(!items.is_empty(), sees, "{scope}: {listed}");
         if *scope == "submit" {
             continue;
         }
@@ -886,6 +890,22 @@ async fn each_front_allows_exactly_its_scopes_operations_and_refusals_leave_no_t
         assert!(refused["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("scope this needs")));
+        // Who can neither decide nor withdraw learns nothing of which
+        // calls Ferry asked about: a call it never asked about is refused
+        // the same way.
+        if ["read", "admin"].contains(scope) {
+            let never = json!({"jsonrpc": "2.0", "id": "ferry-permission:never-asked",
+                               "result": {"outcome": {"outcome": "cancelled"}}});
+            let (status, refused) = send(
+                &ferry,
+                Some(token),
+                Method::POST,
+                "/v1/threads/shared/acp",
+                Some(&never),
+            )
+            .await;
+            assert_eq!(status, 403, "{scope}: {refused}");
+        }
     }
     // ACP: deciding is the reviewer's. The submitter is refused at the
     // thread (not its own) in the native shape, before any JSON-RPC.

@@ -126,6 +126,18 @@ async fn handle(
         .as_str()
         .and_then(|s| s.strip_prefix(PERMISSION_PREFIX))
         .ok_or_else(|| unknown(&id))?;
+    // Only who could decide (review) or withdraw (submit) learns whether
+    // Ferry asked permission for a call.
+    use crate::identity::Scope;
+    if !(by.may(Scope::Review) || by.may(Scope::Submit)) {
+        return Err(engine_error(
+            &id,
+            Error::Forbidden(format!(
+                "{} lacks the review or submit scope this needs",
+                by.name()
+            )),
+        ));
+    }
     let asked = match app.engine.call(&group_id, call_id).await {
         Ok(call) => {
             call.status == CallStatus::PendingApproval

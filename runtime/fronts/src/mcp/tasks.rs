@@ -39,6 +39,11 @@ fn parse_task_id(params: &Map<String, Value>) -> Result<Accepted, RpcError> {
     Ok(Accepted { group_id, id })
 }
 
+fn may_follow_tasks(ctx: &Context) -> bool {
+    use crate::identity::Scope;
+    ctx.identity.may(Scope::Read) || ctx.identity.may(Scope::Submit)
+}
+
 /// The task's call, if `ctx`'s identity may see its thread: another
 /// identity's task is as unknown as one that never was.
 async fn load(engine: &Engine, ctx: &Context, task: &Accepted) -> Result<CallRecord, RpcError> {
@@ -48,10 +53,13 @@ async fn load(engine: &Engine, ctx: &Context, task: &Accepted) -> Result<CallRec
             task.id, task.group_id
         ))
     };
-    let visible = engine
-        .may_act_in(&ctx.identity, &task.group_id)
-        .await
-        .map_err(|e| RpcError::internal(e.to_string()))?;
+    // A task is read by who submits calls (its own) or reads threads; a
+    // reviewer or an administrator reaches every thread, and reads none.
+    let visible = may_follow_tasks(ctx)
+        && engine
+            .may_act_in(&ctx.identity, &task.group_id)
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
     if !visible {
         return Err(unknown());
     }
@@ -147,10 +155,11 @@ pub async fn list(
             None => Ok(json!({"tasks": []})),
         };
     };
-    let visible = engine
-        .may_act_in(&ctx.identity, &group_id)
-        .await
-        .map_err(|e| RpcError::internal(e.to_string()))?;
+    let visible = may_follow_tasks(ctx)
+        && engine
+            .may_act_in(&ctx.identity, &group_id)
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?;
     if !visible {
         // Another identity's thread lists like an empty one.
         return match after {

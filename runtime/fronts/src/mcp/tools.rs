@@ -36,6 +36,12 @@ const HEARTBEAT: Duration = Duration::from_secs(5);
 /// toolset's tools (bare name, or `Toolset.tool` where bare names clash) and
 /// the built-in `cancel_subscription`.
 pub fn all(engine: &Engine, ctx: &Context) -> Vec<Value> {
+    // As `GET /v1/tools`: who neither submits nor reads (a reviewer, an
+    // administrator) may call nothing, and is shown nothing.
+    use crate::identity::Scope;
+    if !(ctx.identity.may(Scope::Read) || ctx.identity.may(Scope::Submit)) {
+        return vec![];
+    }
     let mut tools = vec![json!({
         "name": CANCEL_SUBSCRIPTION,
         "description": "Cancel an active subscription of this thread, named by the call that opened it.",

@@ -29,7 +29,15 @@ pub async fn list(State(oxp): State<Arc<Oxp>>, headers: HeaderMap) -> Response {
         Ok(caller) => caller,
         Err(e) => return OxpError::unauthorized(e.to_string()).into_response(),
     };
-    let index = Index::build(&oxp.engine.toolsets_for(&caller.identity));
+    // As `GET /v1/tools`: who neither submits nor reads may call nothing,
+    // and is shown nothing.
+    use crate::identity::Scope;
+    let listed = if caller.identity.may(Scope::Read) || caller.identity.may(Scope::Submit) {
+        oxp.engine.toolsets_for(&caller.identity)
+    } else {
+        vec![]
+    };
+    let index = Index::build(&listed);
     let items: Vec<Value> = index
         .all()
         .map(|t| {
