@@ -227,3 +227,69 @@ async fn a_task_survives_kill_9_and_a_new_session_reads_its_result() {
     let done = raw.rpc("tasks/get", json!({"taskId": task_id})).await;
     assert_eq!(done.body["result"]["status"], "completed");
 }
+
+/// A task is read by who submits calls (its own) or reads threads: a
+/// reviewer's or an administrator's token reaches every thread, and reads
+/// no task in any of them.
+#[tokio::test]
+async fn only_submitters_and_readers_follow_tasks() {
+    let ferry = Ferry::with_demo().await;
+    let admin = ferry
+        .api()
+        .make_token(json!({"name": "ops", "scopes": ["admin"]}))
+        .await;
+    let operator = ferry_tests::Api::with_token(&ferry.url, &admin);
+    let agent = operator
+        .make_token(json!({"name": "agent", "scopes": ["submit"]}))
+        .await;
+    let mut submitter = Raw::with_bearer(&ferry, &agent);
+    submitter.initialize("2025-11-25").await;
+    let created = submitter
+        .rpc(
+            "tools/call",
+            json!({"name": "sleep", "arguments": {"seconds": 600}, "task": {}}),
+        )
+        .await;
+    let task_id = created.body["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", created.body))
+        .to_owned();
+    let got = submitter.rpc("tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(got.body["result"]["status"], "working", "{}", got.body);
+    for (name, scopes) in [
+        ("ana", json!(["review"])),
+        ("ops2", json!(["admin"])),
+        ("rd", json!(["read"])),
+    ] {
+        let token = operator
+            .make_token(json!({"name": name, "scopes": scopes}))
+            .await;
+        let mut other = Raw::with_bearer(&ferry, &token);
+        other.initialize("2025-11-25").await;
+        let got = other.rpc("tasks/get", json!({"taskId": task_id})).await;
+        if name == "rd" {
+            assert_eq!(
+                got.body["result"]["taskId"],
+                task_id.as_str(),
+                "{}",
+                got.body
+            );
+        } else {
+            assert_eq!(got.body["error"]["code"], -32602, "{name}: {}", got.body);
+            let result = other.rpc("tasks/result", json!({"taskId": task_id})).await;
+            assert_eq!(
+                result.body["error"]["code"], -32602,
+                "{name}: {}",
+                result.body
+            );
+        }
+    }
+    let cancelled = submitter
+        .rpc("tasks/cancel", json!({"taskId": task_id}))
+        .await;
+    assert_eq!(
+        cancelled.body["result"]["status"], "cancelled",
+        "{}",
+        cancelled.body
+    );
+}
