@@ -363,3 +363,74 @@ async fn bad_consumer_requests_are_refused_clearly_and_change_nothing() {
     assert_eq!(status, 404);
     make(&api, other).await;
 }
+
+/// `replay` delivers again from a point, acknowledged events and dead
+/// letters alike: from a `seq` in one thread, or from a time in every
+/// thread.
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_delivers_again_from_a_seq_or_a_time_and_brings_dead_letters_back() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}, "ack_wait_secs": 1, "max_deliver": 1}),
+    )
+    .await;
+    answered(&api, &tool, "a", "a1").await;
+    answered(&api, &tool, "b", "b1").await;
+    // a's result is acknowledged; b's is never, and is dead-lettered.
+    let mut first = next(&api, "r", "max=10").await;
+    first.sort();
+    ack(&api, "r", &first[..1]).await;
+    assert_eq!(next(&api, "r", "wait=3").await, vec![]);
+    let (_, shown) = api.get("/v1/consumers/r").await;
+    assert_eq!(shown["dead_lettered"], 1, "{shown}");
+    // From b's result on, in b only: the dead letter comes back.
+    let from_b = json!({"from": {"seq": first[1].1}, "group_id": "b"});
+    let (status, body) = api.post("/v1/consumers/r/replay", &from_b).await;
+    assert_eq!((status, body["threads"].as_u64()), (200, Some(1)), "{body}");
+    let again = next(&api, "r", "max=10").await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(
+        (again[0].0.as_str(), again[0].1, again[0].2),
+        ("b", first[1].1, 1)
+    );
+    ack(&api, "r", &again).await;
+    let (_, shown) = api.get("/v1/consumers/r").await;
+    assert_eq!(shown["dead_lettered"], 0, "{shown}");
+    // From a time before everything, in every thread: both results again.
+    let from_start = json!({"from": {"time": "2020-01-01T00:00:00Z"}});
+    let (status, body) = api.post("/v1/consumers/r/replay", &from_start).await;
+    assert_eq!((status, body["threads"].as_u64()), (200, Some(2)), "{body}");
+    let mut all = next(&api, "r", "max=10").await;
+    all.sort();
+    let seqs: Vec<(String, u64)> = all.iter().map(|(g, s, _)| (g.clone(), *s)).collect();
+    let want: Vec<(String, u64)> = first.iter().map(|(g, s, _)| (g.clone(), *s)).collect();
+    assert_eq!(seqs, want);
+    // From a time after everything: nothing moves.
+    ack(&api, "r", &all).await;
+    let later = json!({"from": {"time": "2099-01-01T00:00:00Z"}});
+    let (_, body) = api.post("/v1/consumers/r/replay", &later).await;
+    assert_eq!(body["threads"], 0, "{body}");
+    // Bad replays change nothing.
+    for (bad, status) in [
+        (json!({"from": {"seq": 0}}), 400),
+        (
+            json!({"from": {"seq": 1, "time": "2020-01-01T00:00:00Z"}}),
+            400,
+        ),
+        (json!({"from": {"time": "yesterday"}}), 400),
+        (json!({"from": {}}), 400),
+        (json!({}), 400),
+        (json!({"from": {"seq": 1}, "group_id": "nowhere"}), 404),
+    ] {
+        let (got, body) = api.post("/v1/consumers/r/replay", &bad).await;
+        assert_eq!(got, status, "{bad}: {body}");
+    }
+    let (status, _) = api
+        .post("/v1/consumers/nope/replay", &json!({"from": {"seq": 1}}))
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(next(&api, "r", "max=10").await, vec![]);
+}

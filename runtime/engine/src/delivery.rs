@@ -463,6 +463,59 @@ impl Consumers {
         })
     }
 
+    /// Delivers again, in each thread `only` names (or every thread the
+    /// consumer takes), every event from `from` on: acknowledged ones,
+    /// dead letters (forgotten) and what is out alike. A thread whose
+    /// cursor is before `from` already is left as it is. Returns how many
+    /// threads moved back.
+    pub async fn replay(
+        &self,
+        threads: &dyn Store,
+        live: &Live,
+        from: ReplayFrom,
+        only: Option<&str>,
+    ) -> Result<usize, Error> {
+        let metas = match only {
+            Some(g) => threads.thread(g).await?.into_iter().collect(),
+            None => threads.threads().await?,
+        };
+        let mut state = live.state.lock().await;
+        let mut moves = vec![];
+        for meta in metas {
+            let group_id = meta.group_id.clone();
+            if !live.filter().takes_thread(&group_id) {
+                continue;
+            }
+            let done = state.threads.get(&group_id).map_or(0, |t| t.done);
+            let to = match from {
+                ReplayFrom::Seq(seq) => seq.saturating_sub(1),
+                ReplayFrom::Time(at) if meta.updated_at < at => continue,
+                ReplayFrom::Time(at) => match first_at_or_after(threads, &group_id, at).await? {
+                    Some(seq) => seq - 1,
+                    None => continue,
+                },
+            };
+            if to >= done {
+                continue;
+            }
+            let thread = state.threads.entry(group_id.clone()).or_default();
+            let out = thread.out.take();
+            thread.done = to;
+            if let Some(out) = out {
+                state.out.remove(&(out.until_ms, group_id.clone()));
+            }
+            moves.push((group_id, to));
+        }
+        if !moves.is_empty() {
+            self.store.rewind(&live.spec().name, &moves).await?;
+        }
+        drop(state);
+        for (group_id, _) in &moves {
+            live.make_ready(group_id);
+        }
+        Ok(moves.len())
+    }
+
     /// What `GET /v1/consumers/{name}` shows; with `letters`, the dead
     /// letters too (at most 100).
     pub async fn view(
@@ -530,6 +583,34 @@ impl Consumers {
             dead_letters: letters.then(|| dead.into_iter().take(100).collect()),
             spec,
         })
+    }
+}
+
+/// Where a replay starts: a thread's sequence number, or a time (each
+/// thread's first event at or after it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ReplayFrom {
+    Seq(u64),
+    Time(Timestamp),
+}
+
+/// The seq of the thread's first event at or after `at`.
+async fn first_at_or_after(
+    threads: &dyn Store,
+    group_id: &str,
+    at: Timestamp,
+) -> Result<Option<u64>, Error> {
+    let mut after = 0;
+    loop {
+        let events = threads.events(group_id, after, PAGE).await?;
+        let Some(last) = events.last() else {
+            return Ok(None);
+        };
+        if let Some(first) = events.iter().find(|e| e.at >= at) {
+            return Ok(Some(first.seq));
+        }
+        after = last.seq;
     }
 }
 

@@ -111,6 +111,22 @@ impl Deliveries {
         Ok(())
     }
 
+    pub(crate) fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error> {
+        for (group_id, seq) in cursors {
+            // The cursor first: a crash before the letters go leaves them
+            // listed beside events that are delivered again, nothing lost.
+            self.cursors
+                .insert(cursor(name, group_id), &seq.to_be_bytes())
+                .map_err(backend)?;
+            let after = letter(name, group_id, seq.saturating_add(1));
+            let end = letter(name, group_id, u64::MAX);
+            for key in self.dead.range(after..=end).keys() {
+                self.dead.remove(key.map_err(backend)?).map_err(backend)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
         let mut letters: Vec<DeadLetter> = self
             .dead

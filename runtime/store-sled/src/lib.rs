@@ -716,6 +716,11 @@ impl DeliveryStore for SledStore {
         self.flush().await
     }
 
+    async fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error> {
+        self.deliveries.rewind(name, cursors)?;
+        self.flush().await
+    }
+
     async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
         self.deliveries.dead_letters(name, limit)
     }

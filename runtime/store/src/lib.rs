@@ -311,6 +311,10 @@ pub trait DeliveryStore: Send + Sync + 'static {
         cursors: &[(String, u64)],
         dead: &[DeadLetter],
     ) -> Result<(), Error>;
+    /// Moves consumer `name`'s cursors back for a replay: each
+    /// `(group_id, seq)` sets the thread's cursor to `seq` and forgets its
+    /// dead letters after `seq`, which are delivered again.
+    async fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error>;
     /// Consumer `name`'s dead letters, oldest first, at most `limit`.
     async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error>;
 }

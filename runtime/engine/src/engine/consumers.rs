@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::tokens::require;
 use super::{now, Engine, Error};
 use crate::consumer::ConsumerSpec;
-use crate::delivery::{self, AckReply, ConsumerView, Consumers, Delivered, Live};
+use crate::delivery::{self, AckReply, ConsumerView, Consumers, Delivered, Live, ReplayFrom};
 use crate::identity::{Identity, Reach, Scope};
 
 /// Most events one pull hands out, and most pairs one acknowledgement
@@ -168,6 +168,41 @@ impl Engine {
                 _ = stopping.changed() => {}
             }
         }
+    }
+
+    /// `POST /v1/consumers/{name}/replay`: how many threads moved back.
+    pub async fn consumer_replay(
+        &self,
+        by: &Identity,
+        name: &str,
+        from: ReplayFrom,
+        group_id: Option<&str>,
+    ) -> Result<usize, Error> {
+        require(by, Scope::Admin)?;
+        if from == ReplayFrom::Seq(0) {
+            return Err(Error::InvalidRequest(
+                "from.seq must be at least 1 (a thread's first event)".into(),
+            ));
+        }
+        let consumers = self.deliveries()?;
+        let live = consumers.get(name)?;
+        if let Some(g) = group_id {
+            if self.store.thread(g).await?.is_none() {
+                return Err(Error::NotFound(format!("no thread {g:?}")));
+            }
+        }
+        let moved = consumers
+            .replay(&*self.store, &live, from, group_id)
+            .await?;
+        tracing::info!(
+            consumer = name,
+            by = by.name(),
+            ?from,
+            group_id,
+            moved,
+            "consumer replayed"
+        );
+        Ok(moved)
     }
 
     /// `POST /v1/consumers/{name}/ack`.

@@ -94,6 +94,32 @@ pub async fn next(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct Replay {
+    from: ferry_engine::delivery::ReplayFrom,
+    #[serde(default)]
+    group_id: Option<String>,
+}
+
+/// `POST /v1/consumers/{name}/replay` `{"from": {"seq": N} | {"time": T},
+/// "group_id"?}`: `{"threads": n}`, how many threads deliver again.
+pub async fn replay(
+    State(app): State<AppState>,
+    Caller(by): Caller,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<Replay>,
+) -> Result<Json<Value>, ApiError> {
+    let engine = app.engine.clone();
+    let moved = detached(async move {
+        engine
+            .consumer_replay(&by, &name, body.from, body.group_id.as_deref())
+            .await
+    })
+    .await?;
+    Ok(Json(json!({ "threads": moved })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Acks {
     acks: Vec<Ack>,
 }

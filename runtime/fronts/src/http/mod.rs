@@ -257,6 +257,7 @@ fn guarded_routes(app: &AppState) -> Router<AppState> {
         )
         .route("/v1/consumers/{name}/next", get(consumers::next))
         .route("/v1/consumers/{name}/ack", post(consumers::ack))
+        .route("/v1/consumers/{name}/replay", post(consumers::replay))
         .route("/v1/tools", get(toolsets::tools))
         .route("/v1/calls", post(calls::submit))
         .route("/v1/threads", get(threads::list))
