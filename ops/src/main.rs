@@ -90,6 +90,10 @@ struct Serve {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1 << 20, env = "FERRY_MAX_BODY_BYTES")]
     max_body_bytes: usize,
+    /// The longest a push consumer waits between attempts at a receiver
+    /// that fails, in milliseconds (the wait doubles from 500 up to it).
+    #[arg(long, default_value_t = 60_000, env = "FERRY_PUSH_MAX_BACKOFF_MS", value_parser = clap::value_parser!(u64).range(500..=86_400_000))]
+    push_max_backoff_ms: u64,
     #[command(flatten)]
     fronts: FrontArgs,
     #[command(flatten)]
@@ -593,6 +597,7 @@ async fn serve(args: Serve) -> anyhow::Result<()> {
         demo: args.demo,
         secret: args.secret,
         max_body_bytes: args.max_body_bytes,
+        push_max_backoff: Duration::from_millis(args.push_max_backoff_ms),
         dispatch: args.dispatch.config()?,
         oxp: args.fronts.oxp(args.max_body_bytes),
         mcp: args.fronts.mcp(args.max_body_bytes),

@@ -34,6 +34,8 @@ pub struct ServeOptions {
     /// Callback-token secret; defaults to one kept in the data dir.
     pub secret: Option<String>,
     pub max_body_bytes: usize,
+    /// `Config::push_max_backoff`.
+    pub push_max_backoff: Duration,
     pub dispatch: DispatchConfig,
     /// The OXP server's credentials and wait.
     pub oxp: ferry_fronts::oxp::OxpConfig,
@@ -64,6 +66,7 @@ impl Default for ServeOptions {
             demo: false,
             secret: None,
             max_body_bytes: Config::default().max_body_bytes,
+            push_max_backoff: Config::default().push_max_backoff,
             dispatch: DispatchConfig::default(),
             oxp: Default::default(),
             mcp: Default::default(),
@@ -206,6 +209,7 @@ pub async fn start(
         public_url: public_url.clone(),
         max_body_bytes: options.max_body_bytes,
         rate_limits: options.rate_limits,
+        push_max_backoff: options.push_max_backoff,
         ..Config::default()
     };
     let store = Arc::new(store);
@@ -228,6 +232,7 @@ pub async fn start(
         engine = engine.with_audit_lines(crate::audit_lines::open(path)?);
     }
     let engine = Arc::new(engine);
+    engine.start_pushing();
     let worker = Worker::new(
         Dispatcher::new(client, options.dispatch.clone()),
         engine.clone(),

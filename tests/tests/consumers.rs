@@ -434,3 +434,219 @@ async fn replay_delivers_again_from_a_seq_or_a_time_and_brings_dead_letters_back
     assert_eq!(status, 404);
     assert_eq!(next(&api, "r", "max=10").await, vec![]);
 }
+
+/// A Standard Webhooks secret (24 bytes).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// A loopback port nothing listens on (yet).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `tests/py/webhook_receiver.py` on `port`: it verifies each delivery
+/// with the `standardwebhooks` package and fails the first `fail_first`
+/// requests (-1: all). Its lines, one per request, come on the channel.
+struct Receiver {
+    child: tokio::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<Value>,
+}
+
+impl Receiver {
+    async fn start(port: u16, fail_first: i64) -> Receiver {
+        use tokio::io::AsyncBufReadExt;
+        let python = workspace().join("target/py/bin/python");
+        assert!(python.exists(), "run `bash ops/scripts/setup-oxp.sh`");
+        let mut child = tokio::process::Command::new(python)
+            .arg(workspace().join("tests/py/webhook_receiver.py"))
+            .args([port.to_string(), SECRET.to_owned(), fail_first.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting the receiver");
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = out.next_line().await.unwrap();
+        assert_eq!(first.as_deref(), Some("listening"));
+        let (send, lines) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                let _ = send.send(serde_json::from_str(&line).unwrap());
+            }
+        });
+        Receiver { child, lines }
+    }
+
+    async fn next(&mut self) -> Value {
+        tokio::time::timeout(std::time::Duration::from_secs(60), self.lines.recv())
+            .await
+            .expect("a delivery within a minute")
+            .expect("the receiver runs")
+    }
+}
+
+/// A push consumer whose receiver is down for 20 s, then answers 500 three
+/// times, then 200: it receives every event, each thread's in order, and
+/// every signature verifies with the reference library.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_consumer_delivers_every_event_in_order_through_an_outage_signed() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::start(
+        ferry_tests::FerryOptions {
+            tool_servers: vec![tool.url.clone()],
+            ..Default::default()
+        }
+        .with_args(&["--push-max-backoff-ms", "2000"]),
+    )
+    .await;
+    let api = ferry.api();
+    let port = free_port();
+    let spec = json!({"name": "hook", "filter": {"types": ["tool_result"]},
+        "push": {"url": format!("http://127.0.0.1:{port}/hook"), "secret": SECRET}});
+    let made = make(&api, spec).await;
+    assert_eq!(made["push"]["secret"], "***", "{made}");
+    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for g in 0..4 {
+        for c in 0..3 {
+            let group_id = format!("g{g}");
+            answered(&api, &tool, &group_id, &format!("c{c}")).await;
+            let result = api
+                .wait_for(&group_id, &format!("c{c}"), "tool_result")
+                .await;
+            want.entry(group_id)
+                .or_default()
+                .push(result["seq"].as_u64().unwrap());
+        }
+    }
+    // Down: nothing listens for 20 s while Ferry tries.
+    tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+    let mut receiver = Receiver::start(port, 3).await;
+    let mut taken: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut refused = 0;
+    while taken.values().map(Vec::len).sum::<usize>() < 12 {
+        let line = receiver.next().await;
+        assert_eq!(line["verified"], true, "{line}");
+        assert!(
+            line["id"].as_str().is_some_and(|id| id.starts_with("msg_")),
+            "{line}"
+        );
+        if line["status"] == 500 {
+            refused += 1;
+            continue;
+        }
+        let g = line["group_id"].as_str().unwrap().to_owned();
+        let seq = line["seq"].as_u64().unwrap();
+        let seqs = taken.entry(g.clone()).or_default();
+        // A repeat of an event taken already is allowed (at least once);
+        // an event before one taken is not.
+        if seqs.last() != Some(&seq) {
+            assert!(
+                seqs.last().is_none_or(|last| *last < seq),
+                "{g}: {seq} after {seqs:?}"
+            );
+            seqs.push(seq);
+        }
+    }
+    assert_eq!(refused, 3);
+    assert_eq!(taken, want, "every event, in order per thread");
+    let shown = ferry_tests::eventually(
+        "the deliveries recorded",
+        std::time::Duration::from_secs(20),
+        || async {
+            let (_, shown) = api.get("/v1/consumers/hook").await;
+            (shown["pending"] == 0).then_some(shown)
+        },
+    )
+    .await;
+    assert_eq!(shown["dead_lettered"], 0, "{shown}");
+    // Pulling from a push consumer is refused.
+    let (status, body) = api.get("/v1/consumers/hook/next").await;
+    assert_eq!(status, 400, "{body}");
+    drop(receiver.child);
+}
+
+/// A receiver that never answers 2xx: its events are dead-lettered after
+/// `max_age_secs`, and come back with `replay` once it answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_consumer_dead_letters_after_its_max_age_and_replays() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::start(
+        ferry_tests::FerryOptions {
+            tool_servers: vec![tool.url.clone()],
+            ..Default::default()
+        }
+        .with_args(&["--push-max-backoff-ms", "500"]),
+    )
+    .await;
+    let api = ferry.api();
+    let port = free_port();
+    let mut failing = Receiver::start(port, -1).await;
+    let spec = json!({"name": "hook", "filter": {"types": ["tool_result"]},
+        "push": {"url": format!("http://127.0.0.1:{port}/"), "secret": SECRET, "max_age_secs": 2}});
+    make(&api, spec).await;
+    answered(&api, &tool, "a", "c").await;
+    answered(&api, &tool, "b", "c").await;
+    let shown = ferry_tests::eventually(
+        "both dead-lettered",
+        std::time::Duration::from_secs(30),
+        || async {
+            let (_, shown) = api.get("/v1/consumers/hook").await;
+            (shown["dead_lettered"] == 2).then_some(shown)
+        },
+    )
+    .await;
+    assert_eq!(shown["pending"], 0, "{shown}");
+    assert!(failing.next().await["status"] == 500);
+    failing.child.kill().await.unwrap();
+    let mut taking = Receiver::start(port, 0).await;
+    let from_start = json!({"from": {"time": "2020-01-01T00:00:00Z"}});
+    let (status, body) = api.post("/v1/consumers/hook/replay", &from_start).await;
+    assert_eq!((status, body["threads"].as_u64()), (200, Some(2)), "{body}");
+    let mut threads = HashSet::new();
+    while threads.len() < 2 {
+        let line = taking.next().await;
+        assert_eq!(
+            (line["verified"].as_bool(), line["status"].as_u64()),
+            (Some(true), Some(200)),
+            "{line}"
+        );
+        threads.insert(line["group_id"].as_str().unwrap().to_owned());
+    }
+    let (_, shown) = api.get("/v1/consumers/hook").await;
+    assert_eq!(shown["dead_lettered"], 0, "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_push_consumers_are_refused_and_change_nothing() {
+    let ferry = Ferry::start(ferry_tests::FerryOptions::default()).await;
+    let api = ferry.api();
+    let push =
+        |push: Value| json!({"name": "hook", "filter": {"types": ["tool_result"]}, "push": push});
+    for bad in [
+        push(json!({"url": "ftp://127.0.0.1/", "secret": SECRET})),
+        push(json!({"url": "http://user:pw@127.0.0.1/", "secret": SECRET})),
+        push(json!({"url": "/relative", "secret": SECRET})),
+        push(json!({"url": "http://127.0.0.1/", "secret": "not-a-whsec"})),
+        push(json!({"url": "http://127.0.0.1/", "secret": "whsec_c2hvcnQ="})),
+        push(json!({"url": "http://127.0.0.1/"})),
+        push(json!({"url": "http://127.0.0.1/", "secret": SECRET, "max_age_secs": 0})),
+    ] {
+        let (status, body) = api.post("/v1/consumers", &bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            !body.to_string().contains("pw@"),
+            "credentials echoed: {body}"
+        );
+    }
+    let (_, listed) = api.get("/v1/consumers").await;
+    assert_eq!(listed["consumers"], json!([]), "{listed}");
+}

@@ -33,10 +33,35 @@ pub struct ConsumerSpec {
     /// (none: it is delivered until acknowledged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_deliver: Option<u32>,
+    /// Ferry POSTs each event to a receiver instead of waiting for pulls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<Push>,
 }
 
 fn default_ack_wait() -> u64 {
     DEFAULT_ACK_WAIT_SECS
+}
+
+/// Where a push consumer delivers: each event POSTed to `url`, signed the
+/// Standard Webhooks way with `secret`, retried for up to `max_age_secs`
+/// and dead-lettered after that.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Push {
+    pub url: String,
+    /// `whsec_` and base64 of 24 to 64 bytes; never shown back.
+    pub secret: String,
+    #[serde(default = "default_max_age")]
+    pub max_age_secs: u64,
+}
+
+/// How long a push consumer retries an event by default: three days.
+pub const DEFAULT_MAX_AGE_SECS: u64 = 3 * 24 * 3600;
+/// The longest it may be asked to: thirty days.
+pub const MAX_AGE_SECS: u64 = 30 * 24 * 3600;
+
+fn default_max_age() -> u64 {
+    DEFAULT_MAX_AGE_SECS
 }
 
 /// Which events a consumer takes: of these types, in threads whose
@@ -74,6 +99,12 @@ pub enum SpecError {
     BadAckWait,
     #[error("max_deliver must be 1 to {MAX_DELIVER}")]
     BadMaxDeliver,
+    #[error("push.url must be an http(s) URL with a host and no user name or password (got {0})")]
+    BadPushUrl(String),
+    #[error("{0}")]
+    BadSecret(String),
+    #[error("push.max_age_secs must be 1 to {MAX_AGE_SECS}")]
+    BadMaxAge,
 }
 
 impl ConsumerSpec {
@@ -130,6 +161,21 @@ impl ConsumerSpec {
             .is_some_and(|n| !(1..=MAX_DELIVER).contains(&n))
         {
             return Err(SpecError::BadMaxDeliver);
+        }
+        if let Some(push) = &self.push {
+            let shown = crate::toolsets::redacted(&push.url);
+            match url::Url::parse(&push.url) {
+                Ok(url)
+                    if matches!(url.scheme(), "http" | "https")
+                        && url.host_str().is_some()
+                        && url.username().is_empty()
+                        && url.password().is_none() => {}
+                _ => return Err(SpecError::BadPushUrl(format!("{shown:?}"))),
+            }
+            crate::webhook::secret_key(&push.secret).map_err(SpecError::BadSecret)?;
+            if !(1..=MAX_AGE_SECS).contains(&push.max_age_secs) {
+                return Err(SpecError::BadMaxAge);
+            }
         }
         Ok(self)
     }
@@ -193,6 +239,28 @@ pub struct Out {
     pub deliveries: u32,
     /// When it is handed out again (ms since the epoch).
     pub until_ms: u64,
+    /// When it was first handed out.
+    pub since_ms: u64,
+}
+
+/// When a consumer gives an event up: after so many deliveries, or (a
+/// push consumer) so long after the first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GiveUp {
+    pub max_deliver: Option<u32>,
+    pub max_age_ms: Option<u64>,
+}
+
+impl ConsumerSpec {
+    pub fn give_up(&self) -> GiveUp {
+        GiveUp {
+            max_deliver: self.max_deliver,
+            max_age_ms: self
+                .push
+                .as_ref()
+                .map(|p| p.max_age_secs.saturating_mul(1000)),
+        }
+    }
 }
 
 /// What an acknowledgement did.
@@ -224,11 +292,15 @@ impl ThreadDelivery {
     /// What to do with the thread's next event `seq` (the first the filter
     /// takes after `done`), if it may go at `now`: an event out and not
     /// overdue holds the thread back.
-    pub fn due(&self, seq: u64, now_ms: u64, max_deliver: Option<u32>) -> Option<Due> {
+    pub fn due(&self, seq: u64, now_ms: u64, give_up: GiveUp) -> Option<Due> {
         match &self.out {
             Some(out) if out.until_ms > now_ms => None,
             Some(out) if out.seq == seq => {
-                if max_deliver.is_some_and(|max| out.deliveries >= max) {
+                let too_many = give_up.max_deliver.is_some_and(|max| out.deliveries >= max);
+                let too_old = give_up
+                    .max_age_ms
+                    .is_some_and(|age| now_ms.saturating_sub(out.since_ms) >= age);
+                if too_many || too_old {
                     Some(Due::DeadLetter)
                 } else {
                     Some(Due::Deliver(out.deliveries + 1))
@@ -238,13 +310,27 @@ impl ThreadDelivery {
         }
     }
 
-    /// Hands `seq` out until `until_ms`, the `deliveries`th time.
-    pub fn hand_out(&mut self, seq: u64, deliveries: u32, until_ms: u64) {
+    /// Hands `seq` out at `now_ms` until `until_ms`, the `deliveries`th
+    /// time.
+    pub fn hand_out(&mut self, seq: u64, deliveries: u32, now_ms: u64, until_ms: u64) {
+        let since_ms = match &self.out {
+            Some(out) if out.seq == seq => out.since_ms,
+            _ => now_ms,
+        };
         self.out = Some(Out {
             seq,
             deliveries,
             until_ms,
+            since_ms,
         });
+    }
+
+    /// The event out is handed out again no sooner than `until_ms` (a push
+    /// that failed waits out its backoff).
+    pub fn hold_until(&mut self, seq: u64, until_ms: u64) {
+        if let Some(out) = self.out.as_mut().filter(|o| o.seq == seq) {
+            out.until_ms = until_ms;
+        }
     }
 
     /// Passes over everything through `seq` (events the filter does not
@@ -272,6 +358,14 @@ impl ThreadDelivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use serde_json::json;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    fn push(push: serde_json::Value) -> serde_json::Value {
+        json!({"name": "r", "filter": {"types": ["tool_result"]}, "push": push})
+    }
 
     fn spec(body: serde_json::Value) -> Result<ConsumerSpec, String> {
         serde_json::from_value::<ConsumerSpec>(body)
@@ -329,6 +423,31 @@ mod tests {
                 serde_json::json!({"name": "r", "filter": {"types": ["tool_result"]}, "max_deliver": 0}),
                 "max_deliver",
             ),
+            (
+                push(json!({"url": "ftp://h/", "secret": SECRET})),
+                "push.url",
+            ),
+            (
+                push(json!({"url": "http://u:pw@h/", "secret": SECRET})),
+                "***",
+            ),
+            (
+                push(json!({"url": "not a url", "secret": SECRET})),
+                "push.url",
+            ),
+            (
+                push(json!({"url": "http://h/", "secret": "plain"})),
+                "whsec_",
+            ),
+            (
+                push(json!({"url": "http://h/", "secret": SECRET, "max_age_secs": 0})),
+                "max_age_secs",
+            ),
+            (push(json!({"url": "http://h/"})), "secret"),
+            (
+                push(json!({"url": "http://h/", "secret": SECRET, "extra": 1})),
+                "extra",
+            ),
         ] {
             let error = spec(bad.clone()).expect_err(&bad.to_string());
             assert!(error.contains(says), "{bad}: {error}");
@@ -353,15 +472,28 @@ mod tests {
 
     #[test]
     fn one_event_of_a_thread_is_out_at_a_time_and_comes_back_when_overdue() {
+        let twice = GiveUp {
+            max_deliver: Some(2),
+            max_age_ms: None,
+        };
         let mut thread = ThreadDelivery::default();
-        assert_eq!(thread.due(3, 0, Some(2)), Some(Due::Deliver(1)));
-        thread.hand_out(3, 1, 100);
+        assert_eq!(thread.due(3, 0, twice), Some(Due::Deliver(1)));
+        thread.hand_out(3, 1, 0, 100);
         assert!(thread.held(50));
-        assert_eq!(thread.due(3, 50, Some(2)), None, "out, not overdue");
-        assert_eq!(thread.due(3, 100, Some(2)), Some(Due::Deliver(2)));
-        thread.hand_out(3, 2, 200);
-        assert_eq!(thread.due(3, 200, Some(2)), Some(Due::DeadLetter));
-        assert_eq!(thread.due(3, 200, None), Some(Due::Deliver(3)));
+        assert_eq!(thread.due(3, 50, twice), None, "out, not overdue");
+        assert_eq!(thread.due(3, 100, twice), Some(Due::Deliver(2)));
+        thread.hand_out(3, 2, 100, 200);
+        assert_eq!(thread.due(3, 200, twice), Some(Due::DeadLetter));
+        assert_eq!(thread.due(3, 200, GiveUp::default()), Some(Due::Deliver(3)));
+        // A push consumer gives up by age, counted from the first delivery.
+        let a_while = GiveUp {
+            max_deliver: None,
+            max_age_ms: Some(250),
+        };
+        assert_eq!(thread.due(3, 249, a_while), Some(Due::Deliver(3)));
+        assert_eq!(thread.due(3, 250, a_while), Some(Due::DeadLetter));
+        thread.hold_until(3, 400);
+        assert!(thread.held(399));
         assert_eq!(thread.ack(4), Acked::NotDelivered);
         assert_eq!(thread.ack(3), Acked::Done);
         assert_eq!(thread.done, 3);

@@ -13,3 +13,4 @@ pub mod limits;
 pub mod thread;
 pub mod token;
 pub mod toolsets;
+pub mod webhook;

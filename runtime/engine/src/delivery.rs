@@ -359,11 +359,11 @@ impl Consumers {
                 state.threads.insert(group_id, thread);
                 continue;
             };
-            match thread.due(event.seq, now_ms, spec.max_deliver) {
+            match thread.due(event.seq, now_ms, spec.give_up()) {
                 Some(Due::Deliver(deliveries)) => {
                     let until = now_ms.saturating_add(spec.ack_wait_secs.saturating_mul(1000));
                     thread.pass(passed);
-                    thread.hand_out(event.seq, deliveries, until);
+                    thread.hand_out(event.seq, deliveries, now_ms, until);
                     state.out.insert((until, group_id.clone()));
                     state.threads.insert(group_id, thread);
                     live.deliveries.fetch_add(1, Ordering::Relaxed);
@@ -412,6 +412,25 @@ impl Consumers {
                 .increment(dead.len() as u64);
         }
         Ok(out)
+    }
+
+    /// A push of `(group_id, seq)` failed: it goes out again no sooner
+    /// than `until_ms`.
+    pub async fn retry_later(&self, live: &Live, group_id: &str, seq: u64, until_ms: u64) {
+        let mut state = live.state.lock().await;
+        let Some(thread) = state.threads.get_mut(group_id) else {
+            return;
+        };
+        let before = thread
+            .out
+            .as_ref()
+            .filter(|o| o.seq == seq)
+            .map(|o| o.until_ms);
+        thread.hold_until(seq, until_ms);
+        if let Some(before) = before {
+            state.out.remove(&(before, group_id.to_owned()));
+            state.out.insert((until_ms, group_id.to_owned()));
+        }
     }
 
     /// Acknowledges `acks` (`(group_id, seq)`), durably before it returns.
@@ -525,7 +544,10 @@ impl Consumers {
         now: Timestamp,
         letters: bool,
     ) -> Result<ConsumerView, Error> {
-        let spec = live.spec().clone();
+        let mut spec = live.spec().clone();
+        if let Some(push) = spec.push.as_mut() {
+            push.secret = "***".into();
+        }
         let (looked_at, out) = {
             let state = live.state.lock().await;
             let ready = live.ready.lock().expect("ready lock");

@@ -19,6 +19,6 @@ pub mod testing;
 
 pub use engine::{Acknowledgements, Config, Engine};
 pub use ferry_core::{
-    audit, consumer, credential, digest, identity, limits, thread, token, toolsets,
+    audit, consumer, credential, digest, identity, limits, thread, token, toolsets, webhook,
 };
 pub use ferry_store as store;

@@ -72,10 +72,22 @@ impl Engine {
         Ok(live)
     }
 
+    /// [`Engine::reachable`], for pulling: a push consumer is delivered by
+    /// Ferry, and refuses pullers.
+    fn pulled(&self, by: &Identity, name: &str) -> Result<Arc<Live>, Error> {
+        let live = self.reachable(by, name)?;
+        if live.spec().push.is_some() {
+            return Err(Error::InvalidRequest(format!(
+                "consumer {name:?} pushes its events to its URL; it is not pulled from"
+            )));
+        }
+        Ok(live)
+    }
+
     /// `POST /v1/consumers`: `true` when it was made, `false` when the
     /// same one was there.
     pub async fn create_consumer(
-        &self,
+        self: &Arc<Self>,
         by: &Identity,
         spec: ConsumerSpec,
     ) -> Result<(ConsumerView, bool), Error> {
@@ -89,6 +101,9 @@ impl Engine {
             .await?;
         if made {
             tracing::info!(consumer = live.spec().name, by = by.name(), "consumer made");
+        }
+        if live.spec().push.is_some() {
+            self.push_to(&live.spec().name);
         }
         let view = consumers.view(&*self.store, &live, now(), false).await?;
         Ok((view, made))
@@ -141,7 +156,7 @@ impl Engine {
                 MAX_WAIT.as_secs()
             )));
         }
-        let live = self.reachable(by, name)?;
+        let live = self.pulled(by, name)?;
         let consumers = self.deliveries()?;
         let deadline = tokio::time::Instant::now() + wait;
         let mut stopping = self.stopping.subscribe();
@@ -217,7 +232,7 @@ impl Engine {
                 "acks must name 1 to {MAX_BATCH} events"
             )));
         }
-        let live = self.reachable(by, name)?;
+        let live = self.pulled(by, name)?;
         Ok(self.deliveries()?.ack(&live, acks).await?)
     }
 }

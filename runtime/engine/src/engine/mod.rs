@@ -17,6 +17,7 @@ mod discovery;
 mod health;
 mod lanes;
 mod outcomes;
+mod push;
 pub mod reads;
 mod recovery;
 pub mod requests;
@@ -85,6 +86,9 @@ pub struct Config {
     pub max_wait_secs: u64,
     /// Rate limits on every call, besides each toolset's own.
     pub rate_limits: crate::limits::RateLimits,
+    /// The longest a push consumer waits between attempts at a receiver
+    /// that fails (the wait doubles from half a second up to this).
+    pub push_max_backoff: std::time::Duration,
 }
 
 impl Default for Config {
@@ -95,6 +99,7 @@ impl Default for Config {
             max_body_bytes: 1 << 20,
             max_wait_secs: 60,
             rate_limits: crate::limits::RateLimits::default(),
+            push_max_backoff: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -252,6 +257,8 @@ pub struct Engine {
     pub(crate) shared_lanes: Option<Arc<dyn crate::shared_lanes::SharedLanes>>,
     /// [`Engine::with_consumers`].
     consumers: Option<Arc<crate::delivery::Consumers>>,
+    /// Push consumers being delivered, by name: one loop each.
+    pushing: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What executing a command did: the decision, the events it recorded, and
@@ -303,6 +310,7 @@ impl Engine {
             lanes: None,
             shared_lanes: None,
             consumers: None,
+            pushing: Default::default(),
         }
     }
 
