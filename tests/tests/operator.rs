@@ -758,3 +758,100 @@ async fn a_waiting_submitter_and_a_follower_ride_out_a_kill_9() {
     );
     follow.kill().await.unwrap();
 }
+
+/// `ferry consumers`: made, shown and replayed from the command line;
+/// `tail` prints each event once and acknowledges it, so a second `tail`
+/// finds nothing; bad input exits non-zero and changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn consumers_are_made_tailed_and_replayed_from_the_command_line() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    let made = ok(
+        &ferry,
+        &[
+            "consumers",
+            "create",
+            "results",
+            "--type",
+            "tool_result",
+            "--ack-wait",
+            "5",
+        ],
+    )
+    .await;
+    assert_eq!(made.json()["name"], "results");
+    for g in ["a", "b"] {
+        let call = json!({"operation": "op", "arguments": {}, "group_id": g, "id": "c"});
+        assert_eq!(api.submit(call).await.0, 202);
+        let sent = tool.next_invocation().await.invocation;
+        let result = json!({"type": "tool_result", "group_id": g, "id": "c", "text": g});
+        assert_eq!(api.post(&sent.callback_url, &result).await.0, 200);
+    }
+    let tailed = ok(
+        &ferry,
+        &["consumers", "tail", "results", "--wait", "1", "--once"],
+    )
+    .await;
+    let mut threads: Vec<String> = tailed
+        .lines()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "tool_result", "{e}");
+            e["group_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    threads.sort();
+    assert_eq!(threads, ["a", "b"]);
+    let again = ok(
+        &ferry,
+        &["consumers", "tail", "results", "--wait", "0", "--once"],
+    )
+    .await;
+    assert_eq!(again.stdout, "", "acknowledged by the first tail");
+    let shown = ok(&ferry, &["consumers", "show", "results"]).await.json();
+    assert_eq!(
+        (shown["pending"].as_u64(), shown["deliveries"].as_u64()),
+        (Some(0), Some(2)),
+        "{shown}"
+    );
+    let replayed = ok(
+        &ferry,
+        &[
+            "consumers",
+            "replay",
+            "results",
+            "--from-seq",
+            "1",
+            "--group-id",
+            "a",
+        ],
+    )
+    .await;
+    assert_eq!(replayed.json()["threads"], 1);
+    let after = ok(
+        &ferry,
+        &["consumers", "tail", "results", "--wait", "1", "--once"],
+    )
+    .await;
+    assert_eq!(after.lines().len(), 1, "{}", after.stdout);
+    // Bad input: a clear refusal, nothing made.
+    let bad = cli(
+        &ferry,
+        &["consumers", "create", "x", "--type", "no_such_type"],
+    )
+    .await;
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("no_such_type"), "{}", bad.stderr);
+    let missing = cli(&ferry, &["consumers", "show", "nope"]).await;
+    assert_ne!(missing.code, 0);
+    let listed = ok(&ferry, &["consumers", "list"]).await.json();
+    assert_eq!(
+        listed["consumers"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    ok(&ferry, &["consumers", "delete", "results"]).await;
+    let listed = ok(&ferry, &["consumers", "list"]).await.json();
+    assert_eq!(listed["consumers"], json!([]));
+}

@@ -9,6 +9,7 @@ mod approvals;
 mod audit;
 mod calls;
 pub mod client;
+mod consumers;
 mod threads;
 mod tokens;
 mod toolsets;
@@ -22,6 +23,7 @@ pub use approvals::Approvals;
 pub use audit::Audit;
 pub use calls::Calls;
 pub use client::Failure;
+pub use consumers::Consumers;
 pub use threads::{Replay, Threads};
 pub use tokens::Tokens;
 pub use toolsets::{Tools, Toolsets};
@@ -90,6 +92,9 @@ pub enum Operator {
     Tokens(Tokens),
     /// Read the audit log, one JSON object per line (needs `admin`).
     Audit(Audit),
+    /// Durable delivery cursors over every thread: make, show, replay,
+    /// delete; `tail` pulls and prints.
+    Consumers(Consumers),
     /// Print a thread's events, one JSON object per line (`--follow` to
     /// keep reading).
     Replay(Replay),
@@ -105,6 +110,7 @@ pub async fn run(operator: Operator) -> Result<(), Failure> {
         Operator::Threads(command) => command.run().await,
         Operator::Tokens(command) => command.run().await,
         Operator::Audit(command) => command.run().await,
+        Operator::Consumers(command) => command.run().await,
         Operator::Replay(command) => command.run().await,
     }
 }
