@@ -650,3 +650,112 @@ async fn bad_push_consumers_are_refused_and_change_nothing() {
     let (_, listed) = api.get("/v1/consumers").await;
     assert_eq!(listed["consumers"], json!([]), "{listed}");
 }
+
+/// An agent worker (`tests/py/consumer_agent.py`, a process of its own).
+struct Agent {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    out: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Agent {
+    async fn start(ferry: &Ferry, consumer: &str, max: usize) -> Agent {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(workspace().join("target/py/bin/python"))
+            .arg(workspace().join("tests/py/consumer_agent.py"))
+            .args([ferry.url.as_str(), consumer, &max.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting the agent");
+        let stdin = child.stdin.take().unwrap();
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(out.next_line().await.unwrap().as_deref(), Some("ready"));
+        Agent { child, stdin, out }
+    }
+
+    async fn say(&mut self, command: &str) -> Value {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        let line = self.out.next_line().await.unwrap().expect("an answer");
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+/// An agent that is SIGKILLed with events handed out and unacknowledged:
+/// a second agent receives them once `ack_wait` passes. In the end every
+/// result was acknowledged exactly once, and each agent saw each thread's
+/// results in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_holding_events_loses_none_of_them() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    make(
+        &api,
+        json!({"name": "r", "filter": {"types": ["tool_result"]}, "ack_wait_secs": 2}),
+    )
+    .await;
+    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for g in 0..5 {
+        for c in 0..2 {
+            let (group_id, id) = (format!("g{g}"), format!("c{c}"));
+            answered(&api, &tool, &group_id, &id).await;
+            let seq = api.wait_for(&group_id, &id, "tool_result").await["seq"]
+                .as_u64()
+                .unwrap();
+            want.entry(group_id).or_default().push(seq);
+        }
+    }
+    let mut first = Agent::start(&ferry, "r", 3).await;
+    let held = first.say("pull").await;
+    let held: Vec<(String, u64)> = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["group_id"].as_str().unwrap().to_owned(),
+                e["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(held.len(), 3, "{held:?}");
+    first.child.kill().await.unwrap();
+    // The second agent takes everything, the killed one's events included
+    // once their ack_wait passes.
+    let mut second = Agent::start(&ferry, "r", 100).await;
+    let mut got: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut acknowledged = 0;
+    while acknowledged < 10 {
+        let batch = second.say("pull").await;
+        for e in batch.as_array().unwrap() {
+            let g = e["group_id"].as_str().unwrap().to_owned();
+            let seq = e["seq"].as_u64().unwrap();
+            let seqs = got.entry(g.clone()).or_default();
+            assert!(
+                seqs.last().is_none_or(|last| *last < seq),
+                "{g}: {seq} after {seqs:?}"
+            );
+            seqs.push(seq);
+            if held.contains(&(g, seq)) {
+                assert_eq!(e["deliveries"], 2, "{e}");
+            }
+        }
+        let reply = second.say("ack").await;
+        assert_eq!(reply["ignored"], json!([]), "{reply}");
+        acknowledged += reply["acknowledged"].as_u64().unwrap();
+    }
+    assert_eq!(acknowledged, 10);
+    assert_eq!(got, want, "every result once, in order per thread");
+    let (_, shown) = api.get("/v1/consumers/r").await;
+    assert_eq!(
+        (shown["pending"].as_u64(), shown["redeliveries"].as_u64()),
+        (Some(0), Some(3)),
+        "{shown}"
+    );
+}
