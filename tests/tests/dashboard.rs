@@ -368,3 +368,38 @@ async fn a_reviewer_signs_in_and_out_and_decides_under_their_own_name() {
     assert_eq!(decided["payload"]["reviewer"], "ana");
     assert_eq!(api.call("g", "c").await.1["status"], "rejected");
 }
+
+/// The dashboard shows each consumer's lag: its pending results while no
+/// agent took them, and none once one acknowledged them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_shows_each_consumers_lag() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    let spec = json!({"name": "results", "filter": {"types": ["tool_result"]}});
+    assert_eq!(api.post("/v1/consumers", &spec).await.0, 201);
+    for g in ["a", "b"] {
+        let call = json!({"operation": "op", "arguments": {}, "group_id": g, "id": "c"});
+        assert_eq!(api.submit(call).await.0, 202);
+        let url = tool.next_invocation().await.invocation.callback_url;
+        let done = json!({"type": "tool_result", "group_id": g, "id": "c", "text": "done"});
+        assert_eq!(api.post(&url, &done).await.0, 200);
+    }
+    let tab = Browser::start().await.unwrap();
+    tab.navigate(&format!("{}/ui", ferry.url)).await.unwrap();
+    let pending = r##"document.querySelector('#consumers tr[data-consumer="results"] .pending')?.textContent"##;
+    let before = tab.shows(pending, &json!("2")).await;
+    let (_, pulled) = api.get("/v1/consumers/results/next?max=10").await;
+    let acks: Vec<_> = pulled["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| json!({"group_id": e["group_id"], "seq": e["seq"]}))
+        .collect();
+    let (status, _) = api
+        .post("/v1/consumers/results/ack", &json!({"acks": acks}))
+        .await;
+    assert_eq!(status, 200);
+    let after = tab.shows(pending, &json!("0")).await;
+    assert_eq!((before, after), (json!("2"), json!("0")));
+}
