@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// limits cost).
     #[arg(long)]
     pub secured: bool,
+    /// Also measure delivery through a consumer at each level (serve):
+    /// four pullers, then one webhook receiver, taking every result of the
+    /// callers' threads while they run.
+    #[arg(long)]
+    pub consumers: bool,
 }
 
 /// A share of one core: more than 0, at most the machine's cores.

@@ -33,6 +33,7 @@ mod args;
 mod baseline;
 mod cluster;
 mod counters;
+mod delivery;
 mod ferry;
 mod load;
 mod quota;
@@ -134,6 +135,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             );
         }
     }
+    let mut deliveries = vec![];
+    if args.consumers {
+        for &callers in &args.concurrency {
+            deliveries.extend(delivery::measure(&plan, callers, &ferry).await?);
+        }
+    }
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     if let Some(secured) = locked {
@@ -188,6 +195,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         warmup,
         rounds: args.rounds,
         rows,
+        deliveries,
     })
 }
 
@@ -229,6 +237,7 @@ mod tests {
             shapes: vec![(1, 1)],
             partitions: vec![1],
             secured: false,
+            consumers: false,
             cpu_quota: None,
         };
         let error = run(&args(0, vec![1])).await.expect_err("refused");

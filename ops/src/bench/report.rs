@@ -74,6 +74,8 @@ pub struct Report {
     pub warmup: Duration,
     pub rounds: usize,
     pub rows: Vec<Row>,
+    /// `--consumers`: delivery through a consumer, per way and level.
+    pub deliveries: Vec<super::delivery::DeliveryRow>,
 }
 
 impl Row {
@@ -102,6 +104,7 @@ impl Report {
             "rounds": self.rounds,
             "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "rows": self.rows,
+            "deliveries": self.deliveries,
             "target": {
                 "callers": TARGET_CALLERS,
                 "min_ratio": TARGET_RATIO,
@@ -180,6 +183,10 @@ impl Report {
             ),
             None => format!("Target not measured: no run at {TARGET_CALLERS} callers.\n"),
         };
+        if !self.deliveries.is_empty() {
+            out += "\n";
+            out += &super::delivery::markdown(&self.deliveries);
+        }
         out
     }
 }
@@ -249,6 +256,7 @@ mod tests {
                 round_calls_per_sec: vec![10.0],
                 cpu_ratio: None,
             }],
+            deliveries: vec![],
         };
         let calm = report(stats(Some(0), Some(0))).markdown();
         assert!(calm.contains("| 0 (0) / 0 (0) |"), "{calm}");
