@@ -494,20 +494,24 @@ impl Receiver {
     }
 }
 
+/// A Ferry whose push consumers wait at most `max_backoff_ms` between
+/// attempts at a failing receiver, with tool `t`.
+async fn pushing_ferry(max_backoff_ms: &str) -> (TestTool, Ferry) {
+    let tool = TestTool::start("t", &["op"]).await;
+    let options = ferry_tests::FerryOptions {
+        tool_servers: vec![tool.url.clone()],
+        ..Default::default()
+    };
+    let ferry = Ferry::start(options.with_args(&["--push-max-backoff-ms", max_backoff_ms])).await;
+    (tool, ferry)
+}
+
 /// A push consumer whose receiver is down for 20 s, then answers 500 three
 /// times, then 200: it receives every event, each thread's in order, and
 /// every signature verifies with the reference library.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_consumer_delivers_every_event_in_order_through_an_outage_signed() {
-    let tool = TestTool::start("t", &["op"]).await;
-    let ferry = Ferry::start(
-        ferry_tests::FerryOptions {
-            tool_servers: vec![tool.url.clone()],
-            ..Default::default()
-        }
-        .with_args(&["--push-max-backoff-ms", "2000"]),
-    )
-    .await;
+    let (tool, ferry) = pushing_ferry("2000").await;
     let api = ferry.api();
     let port = free_port();
     let spec = json!({"name": "hook", "filter": {"types": ["tool_result"]},
@@ -578,15 +582,7 @@ async fn a_push_consumer_delivers_every_event_in_order_through_an_outage_signed(
 /// `max_age_secs`, and come back with `replay` once it answers.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_consumer_dead_letters_after_its_max_age_and_replays() {
-    let tool = TestTool::start("t", &["op"]).await;
-    let ferry = Ferry::start(
-        ferry_tests::FerryOptions {
-            tool_servers: vec![tool.url.clone()],
-            ..Default::default()
-        }
-        .with_args(&["--push-max-backoff-ms", "500"]),
-    )
-    .await;
+    let (tool, ferry) = pushing_ferry("500").await;
     let api = ferry.api();
     let port = free_port();
     let mut failing = Receiver::start(port, -1).await;

@@ -113,20 +113,7 @@ impl KvLanes {
                 record: record.clone(),
             })
             .into();
-            let written = match revision {
-                Some(revision) => kv
-                    .update(&key, value, revision)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                // Made by another process meanwhile: read again.
-                None => kv
-                    .create(&key, value)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-            };
-            if let Err(e) = written {
+            if let Err(e) = super::kv::put_if(kv, &key, value, revision).await {
                 tracing::debug!(lane, error = %e, "lane changed under this write; reading again");
                 continue;
             }

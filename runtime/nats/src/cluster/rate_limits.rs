@@ -98,19 +98,7 @@ impl Buckets for KvBuckets {
             }
             for (key, after, revision) in read {
                 let value = codec::encode(&after).into();
-                let written = match revision {
-                    Some(revision) => kv
-                        .update(&key, value, revision)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    None => kv
-                        .create(&key, value)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                };
-                if let Err(e) = written {
+                if let Err(e) = super::kv::put_if(kv, &key, value, revision).await {
                     // Another node wrote the bucket since it was read (or
                     // NATS is away: the next read says so).
                     tracing::debug!(error = %e, "rate-limit bucket changed under this call; reading again");
