@@ -190,6 +190,7 @@ async fn an_event_not_acknowledged_comes_back_then_is_dead_lettered() {
     // A late acknowledgement of the dead letter changes nothing.
     let late = ack(&api, "r", &first).await;
     assert_eq!(late["acknowledged"], 0, "{late}");
+    assert_eq!(late["ignored"][0]["reason"], "dead-lettered", "{late}");
 }
 
 /// `ferry serve` SIGKILLed with events out and others acknowledged: after
@@ -310,6 +311,8 @@ async fn bad_consumer_requests_are_refused_clearly_and_change_nothing() {
         json!({"name": "x", "filter": "tool_result"}),
         json!({"name": "x"}),
         json!({"name": "bad name", "filter": {"types": ["tool_result"]}}),
+        json!({"name": "..", "filter": {"types": ["tool_result"]}}),
+        json!({"name": ".", "filter": {"types": ["tool_result"]}}),
         json!({"name": "x", "filter": {"types": ["tool_result"]}, "ack_wait_secs": 0}),
         json!({"name": "x", "filter": {"types": ["tool_result"]}, "max_deliver": 0}),
         json!({"name": "x", "filter": {"types": ["tool_result"]}, "unknown": 1}),

@@ -57,16 +57,13 @@ enum ConsumersCommand {
         max_age: Option<u64>,
     },
     /// Deliver again from a sequence number or a time (needs `admin`).
+    #[command(group(clap::ArgGroup::new("from").required(true).args(["from_seq", "from_time"])))]
     Replay {
         name: String,
         /// From this `seq` (in each thread, or in `--group-id`'s).
-        #[arg(
-            long,
-            conflicts_with = "from_time",
-            required_unless_present = "from_time"
-        )]
+        #[arg(long)]
         from_seq: Option<u64>,
-        /// From this RFC 3339 time.
+        /// From this RFC 3339 time, in UTC (`2026-12-07T16:00:00Z`).
         #[arg(long)]
         from_time: Option<String>,
         /// Only this thread.

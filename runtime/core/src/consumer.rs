@@ -81,7 +81,9 @@ pub struct Filter {
 /// Why a [`ConsumerSpec`] is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    #[error("name must be 1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 . _ - (got {0:?})")]
+    #[error(
+        "name must be 1 to {MAX_NAME_CHARS} of A-Z a-z 0-9 . _ -, and not . or .. (got {0:?})"
+    )]
     BadName(String),
     #[error("filter.types must name at least one event type")]
     NoTypes,
@@ -111,7 +113,10 @@ impl ConsumerSpec {
     /// The spec as Ferry keeps it (types deduplicated and sorted, so that
     /// two asks for the same consumer compare equal), or why it is refused.
     pub fn checked(mut self) -> Result<Self, SpecError> {
-        let name_ok = (1..=MAX_NAME_CHARS).contains(&self.name.chars().count())
+        // `.` and `..` are path segments URL normalisation removes: such
+        // a consumer could not be named in a URL.
+        let name_ok = !matches!(self.name.as_str(), "." | "..")
+            && (1..=MAX_NAME_CHARS).contains(&self.name.chars().count())
             && self
                 .name
                 .chars()
@@ -388,6 +393,10 @@ mod tests {
             ),
             (
                 serde_json::json!({"name": "a b", "filter": {"types": ["tool_result"]}}),
+                "name",
+            ),
+            (
+                serde_json::json!({"name": "..", "filter": {"types": ["tool_result"]}}),
                 "name",
             ),
             (

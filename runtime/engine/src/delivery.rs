@@ -457,6 +457,11 @@ impl Consumers {
                     moved.retain(|(g, _)| g != group_id);
                     moved.push((group_id.clone(), done));
                 }
+                Acked::Already if *seq == 0 => ignored.push(Ignored {
+                    group_id: group_id.clone(),
+                    seq: *seq,
+                    reason: "not delivered by this consumer",
+                }),
                 Acked::Already => ignored.push(Ignored {
                     group_id: group_id.clone(),
                     seq: *seq,
@@ -473,6 +478,22 @@ impl Consumers {
             self.store.advance(&live.spec().name, &moved, &[]).await?;
         }
         drop(state);
+        // One given up on before its acknowledgement came is not "already
+        // acknowledged": the puller is told it was dead-lettered.
+        if ignored.iter().any(|i| i.reason == "already acknowledged") {
+            let letters = self
+                .store
+                .dead_letters(&live.spec().name, usize::MAX)
+                .await?;
+            for ignore in &mut ignored {
+                let dead = letters
+                    .iter()
+                    .any(|l| l.group_id == ignore.group_id && l.seq == ignore.seq);
+                if dead && ignore.reason == "already acknowledged" {
+                    ignore.reason = "dead-lettered";
+                }
+            }
+        }
         for (group_id, _) in &moved {
             live.make_ready(group_id);
         }

@@ -78,7 +78,7 @@ impl Engine {
         let live = self.reachable(by, name)?;
         if live.spec().push.is_some() {
             return Err(Error::InvalidRequest(format!(
-                "consumer {name:?} pushes its events to its URL; it is not pulled from"
+                "consumer {name:?} pushes its events to its URL: it is not pulled from or acknowledged by hand"
             )));
         }
         Ok(live)

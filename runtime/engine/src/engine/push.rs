@@ -13,8 +13,10 @@ use super::{now, Engine};
 use crate::delivery::Delivered;
 use crate::webhook;
 
-/// Events one round hands out and POSTs at once (each of another thread).
-const ROUND: usize = 16;
+/// Events one round hands out and POSTs at once (each of another thread):
+/// enough that a round's one acknowledgement (a durable write) serves
+/// many deliveries.
+const ROUND: usize = 64;
 /// The first pause after a failure.
 const FIRST_PAUSE: Duration = Duration::from_millis(500);
 /// Longest one POST may take.
