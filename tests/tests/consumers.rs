@@ -758,3 +758,59 @@ async fn an_agent_killed_holding_events_loses_none_of_them() {
         "{shown}"
     );
 }
+
+/// A token bounded to a `group_prefix` uses only consumers whose threads
+/// are all within it; an agent that owns its threads uses none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bounded_token_uses_only_consumers_within_its_reach() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let root = ferry
+        .api()
+        .make_token(json!({"name": "ops", "scopes": ["admin", "read"]}))
+        .await;
+    let admin = ferry_tests::Api::with_token(&ferry.url, &root);
+    let team = admin
+        .make_token(json!({"name": "team-a", "scopes": ["read"], "group_prefix": "team-a/"}))
+        .await;
+    let agent = admin
+        .make_token(json!({"name": "agent", "scopes": ["submit", "read"]}))
+        .await;
+    let types = json!(["tool_result"]);
+    make(&admin, json!({"name": "all", "filter": {"types": types}})).await;
+    make(
+        &admin,
+        json!({"name": "mine", "filter": {"types": types, "group_prefix": "team-a/x"}}),
+    )
+    .await;
+    let team = ferry_tests::Api::with_token(&ferry.url, &team);
+    let agent = ferry_tests::Api::with_token(&ferry.url, &agent);
+    let (status, body) = team.get("/v1/consumers/mine/next").await;
+    assert_eq!(status, 200, "{body}");
+    for (who, api, name) in [
+        ("team-a", &team, "all"),
+        ("agent", &agent, "all"),
+        ("agent", &agent, "mine"),
+    ] {
+        let (status, body) = api.get(&format!("/v1/consumers/{name}/next")).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{who} {name}: {body}"
+        );
+        let acks = json!({"acks": [{"group_id": "team-a/x1", "seq": 1}]});
+        let (status, _) = api.post(&format!("/v1/consumers/{name}/ack"), &acks).await;
+        assert_eq!(status, 403, "{who} {name}");
+    }
+    // Its list holds only what it may use; it makes none.
+    let (_, listed) = team.get("/v1/consumers").await;
+    let names: Vec<&str> = listed["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mine"], "{listed}");
+    let spec = json!({"name": "x", "filter": {"types": types}});
+    assert_eq!(team.post("/v1/consumers", &spec).await.0, 403);
+}

@@ -285,6 +285,35 @@ async fn each_scope_allows_exactly_its_operations_and_refusals_leave_no_trace() 
             Some(reject),
             &["review"],
         ),
+        // Consumers: made, replayed and deleted by `admin`; read, pulled
+        // and acknowledged with `read` (in this order when allowed).
+        (
+            Method::POST,
+            "/v1/consumers".into(),
+            Some(json!({"name": "m", "filter": {"types": ["tool_result"]}})),
+            &["admin"],
+        ),
+        (Method::GET, "/v1/consumers".into(), None, &["read"]),
+        (Method::GET, "/v1/consumers/m".into(), None, &["read"]),
+        (
+            Method::GET,
+            "/v1/consumers/m/next?wait=0".into(),
+            None,
+            &["read"],
+        ),
+        (
+            Method::POST,
+            "/v1/consumers/m/ack".into(),
+            Some(json!({"acks": [{"group_id": "shared", "seq": 1}]})),
+            &["read"],
+        ),
+        (
+            Method::POST,
+            "/v1/consumers/m/replay".into(),
+            Some(json!({"from": {"seq": 1}})),
+            &["admin"],
+        ),
+        (Method::DELETE, "/v1/consumers/m".into(), None, &["admin"]),
     ];
     // Every refusal first, then a look at what they changed: nothing.
     for (method, path, body, allowed) in &rows {
