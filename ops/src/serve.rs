@@ -233,6 +233,7 @@ pub async fn start(
     }
     let engine = Arc::new(engine);
     engine.start_pushing();
+    engine.start_counting_lag();
     let worker = Worker::new(
         Dispatcher::new(client, options.dispatch.clone()),
         engine.clone(),

@@ -814,3 +814,43 @@ async fn a_bounded_token_uses_only_consumers_within_its_reach() {
     let spec = json!({"name": "x", "filter": {"types": types}});
     assert_eq!(team.post("/v1/consumers", &spec).await.0, 403);
 }
+
+/// The lag gauges are counted on their own, for Prometheus: a consumer
+/// that nobody looks at shows its pending result in `/metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lag_of_a_consumer_nobody_looks_at_reaches_the_metrics() {
+    let tool = TestTool::start("t", &["op"]).await;
+    let ferry = Ferry::with_tool(&tool).await;
+    let api = ferry.api();
+    let (status, _) = api
+        .post(
+            "/v1/consumers",
+            &json!({"name": "unwatched", "filter": {"types": ["tool_result"]}}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    answered(&api, &tool, "g", "c").await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let line = ferry_tests::eventually(
+        "the pending gauge",
+        std::time::Duration::from_secs(40),
+        || async {
+            let text = client
+                .get(format!("{}/metrics", ferry.url))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.lines()
+                .find(|l| {
+                    l.starts_with("ferry_consumer_pending{consumer=\"unwatched\"}")
+                        && l.ends_with(" 1")
+                })
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    assert!(line.ends_with(" 1"), "{line}");
+}

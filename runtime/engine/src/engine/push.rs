@@ -19,6 +19,8 @@ use crate::webhook;
 const ROUND: usize = 64;
 /// The first pause after a failure.
 const FIRST_PAUSE: Duration = Duration::from_millis(500);
+/// How often every consumer's lag is counted for the gauges.
+const LAG_EVERY: Duration = Duration::from_secs(15);
 /// Longest one POST may take.
 const POST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -34,6 +36,31 @@ impl Engine {
                 self.push_to(&live.spec().name);
             }
         }
+    }
+
+    /// Counts every consumer's lag every [`LAG_EVERY`], so that the
+    /// `ferry_consumer_pending` and `ferry_consumer_oldest_pending_seconds`
+    /// gauges stay current without anyone asking.
+    pub fn start_counting_lag(self: &Arc<Self>) {
+        let Some(consumers) = self.consumers.clone() else {
+            return;
+        };
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut stopping = engine.stopping.subscribe();
+            let mut every = tokio::time::interval(LAG_EVERY);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {}
+                    _ = stopping.changed() => return,
+                }
+                for live in consumers.all() {
+                    if let Err(e) = consumers.view(&*engine.store, &live, now(), false).await {
+                        tracing::debug!(consumer = live.spec().name, error = %e, "could not count a consumer's lag");
+                    }
+                }
+            }
+        });
     }
 
     /// Starts the loop of push consumer `name`, unless it runs.
