@@ -306,6 +306,12 @@ impl Consumers {
 
     /// A thread was written: the consumers that take it have work to look
     /// at.
+    /// Whether any consumer takes thread `group_id`.
+    pub fn any_takes(&self, group_id: &str) -> bool {
+        let live = self.live.read().expect("consumers lock");
+        live.values().any(|l| l.filter().takes_thread(group_id))
+    }
+
     pub fn touched(&self, group_id: &str) {
         for live in self.live.read().expect("consumers lock").values() {
             if live.filter().takes_thread(group_id) {

@@ -1055,19 +1055,9 @@ async fn catalog_bucket(
     bucket: &str,
     replicas: usize,
 ) -> Result<kv::Store, Error> {
-    match js.get_key_value(bucket).await {
-        Ok(kv) => Ok(kv),
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: bucket.into(),
-                history: 1,
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(backend),
-    }
+    crate::cluster::kv::bucket(js, bucket, replicas, std::time::Duration::ZERO)
+        .await
+        .map_err(backend)
 }
 
 /// Every value of a catalog bucket, decoded.

@@ -198,9 +198,7 @@ impl Engine {
         let Some(shared) = &self.shared_lanes else {
             return Ok(0);
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now = super::now().as_millis();
         let mut changed = 0;
         for (lane, record) in shared.lanes().await? {
             let limit = self.limit_of(&lane).flatten().unwrap_or(usize::MAX);

@@ -559,7 +559,7 @@ impl Engine {
                 durable.await?;
             }
             self.ship_audit(&audit);
-            if let Some(consumers) = &self.consumers {
+            if let Some(consumers) = self.consumers.as_ref().filter(|c| c.any_takes(group_id)) {
                 if durability == Durability::Await {
                     consumers.touched(group_id);
                 } else {

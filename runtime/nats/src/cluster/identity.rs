@@ -8,7 +8,7 @@
 //! for good; a process with another partition count would look for
 //! threads in the wrong stream.
 
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv};
 
 pub const BUCKET: &str = "ferry_cluster";
 const SECRET_KEY: &str = "secret-fingerprint";
@@ -51,19 +51,9 @@ pub async fn join(
     fingerprint: &str,
     partitions: usize,
 ) -> Result<(), Error> {
-    let bucket = match js.get_key_value(BUCKET).await {
-        Ok(bucket) => bucket,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: BUCKET.into(),
-                history: 1,
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats)?,
-    };
+    let bucket = super::kv::bucket(js, BUCKET, replicas, std::time::Duration::ZERO)
+        .await
+        .map_err(nats)?;
     if agreed(&bucket, SECRET_KEY, fingerprint).await? != fingerprint {
         return Err(Error::SecretDiffers);
     }

@@ -21,6 +21,7 @@ use ferry_engine::shared_lanes::{CallKey, Entered, Lane, Order, SharedLanes};
 use ferry_store as store;
 use store::codec;
 
+use super::kv::key_of;
 use super::subjects::Layout;
 
 pub const BUCKET: &str = "ferry_lanes";
@@ -57,19 +58,9 @@ impl KvLanes {
         js: &jetstream::Context,
         replicas: usize,
     ) -> Result<(), store::Error> {
-        let bucket = match js.get_key_value(BUCKET).await {
-            Ok(bucket) => bucket,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BUCKET.into(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(unavailable)?,
-        };
+        let bucket = super::kv::bucket(js, BUCKET, replicas, std::time::Duration::ZERO)
+            .await
+            .map_err(unavailable)?;
         let _ = self.bucket.set(bucket);
         let _ = self.js.set(js.clone());
         Ok(())
@@ -150,18 +141,11 @@ impl KvLanes {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    ferry_engine::engine::now().as_millis()
 }
 
 fn unavailable(e: impl std::fmt::Display) -> store::Error {
     store::Error::Unavailable(format!("NATS JetStream (concurrency limits): {e}"))
-}
-
-/// A KV key for a lane's name (`Toolset@1.2.3`, any text a name may hold).
-fn key_of(lane: &str) -> String {
-    ferry_engine::digest::sha256_hex(lane, 16)
 }
 
 #[async_trait]

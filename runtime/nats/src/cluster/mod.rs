@@ -5,7 +5,7 @@
 //! out the work, and how they stop.
 
 pub mod identity;
-mod kv;
+pub(crate) mod kv;
 pub mod lanes;
 pub mod mcp_sessions;
 pub mod pull;

@@ -14,6 +14,7 @@ use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
+use super::kv::key_of;
 use ferry_engine::limiter::Buckets;
 use ferry_engine::limits::{Bucket, Limit};
 use ferry_store as store;
@@ -40,20 +41,9 @@ impl KvBuckets {
         js: &jetstream::Context,
         replicas: usize,
     ) -> Result<(), store::Error> {
-        let bucket = match js.get_key_value(BUCKET).await {
-            Ok(bucket) => bucket,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: BUCKET.into(),
-                    history: 1,
-                    max_age: KEEP,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(unavailable)?,
-        };
+        let bucket = super::kv::bucket(js, BUCKET, replicas, KEEP)
+            .await
+            .map_err(unavailable)?;
         let _ = self.bucket.set(bucket);
         Ok(())
     }
@@ -61,11 +51,6 @@ impl KvBuckets {
 
 fn unavailable(e: impl std::fmt::Display) -> store::Error {
     store::Error::Unavailable(format!("NATS JetStream (rate limits): {e}"))
-}
-
-/// A KV key for a bucket's name, which may hold any text.
-fn key_of(name: &str) -> String {
-    ferry_engine::digest::sha256_hex(name, 16)
 }
 
 #[async_trait]
