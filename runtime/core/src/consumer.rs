@@ -230,14 +230,14 @@ pub fn toolset_of(qualified: &str) -> Option<&str> {
 /// One consumer's delivery of one thread: every event through `done` is
 /// acknowledged, dead-lettered or not taken by the filter; at most one
 /// event is out (`out`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadDelivery {
     pub done: u64,
     pub out: Option<Out>,
 }
 
 /// An event handed out and not acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Out {
     pub seq: u64,
     /// How many times it was handed out, this time included.

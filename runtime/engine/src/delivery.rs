@@ -16,8 +16,9 @@ use ferry_proto::api::Event;
 use ferry_proto::time::Timestamp;
 use serde::Serialize;
 
-use crate::consumer::{toolset_of, Acked, ConsumerSpec, Due, Filter, ThreadDelivery};
-use crate::store::{self, DeadLetter, DeliveryStore, Store, StoredConsumer};
+use crate::consumer::{toolset_of, Acked, ConsumerSpec, Due, Filter};
+use crate::store::{self, DeadLetter, DeliveryRecord, DeliveryStore, Store, StoredConsumer};
+use crate::thread::ThreadMeta;
 
 /// Most threads one pull looks into: the rest wait for the next.
 const MAX_THREADS_PER_TAKE: usize = 1000;
@@ -147,21 +148,64 @@ impl Ready {
 
 #[derive(Default)]
 struct State {
-    threads: HashMap<String, ThreadDelivery>,
+    /// Each thread's record, as this process last read or wrote it.
+    threads: HashMap<String, DeliveryRecord>,
     /// Events out, by when they come back: `(until_ms, group_id)`.
     out: BTreeSet<(u64, String)>,
 }
 
+impl State {
+    fn record(&self, group_id: &str) -> DeliveryRecord {
+        self.threads
+            .get(group_id)
+            .cloned()
+            .unwrap_or_else(|| DeliveryRecord {
+                group_id: group_id.to_owned(),
+                ..DeliveryRecord::default()
+            })
+    }
+
+    /// Keeps `record` in place of the thread's, with when its event out
+    /// (if any) comes back.
+    fn keep(&mut self, record: DeliveryRecord) {
+        let group_id = record.group_id.clone();
+        if let Some(before) = self
+            .threads
+            .get(&group_id)
+            .and_then(|r| r.delivery.out.as_ref())
+        {
+            self.out.remove(&(before.until_ms, group_id.clone()));
+        }
+        if let Some(out) = &record.delivery.out {
+            self.out.insert((out.until_ms, group_id.clone()));
+        }
+        self.threads.insert(group_id, record);
+    }
+
+    /// Keeps `record`, read from the store, unless the one here is as new.
+    fn keep_newer(&mut self, record: DeliveryRecord) -> bool {
+        let newer = self
+            .threads
+            .get(&record.group_id)
+            .is_none_or(|kept| kept.revision < record.revision);
+        if newer {
+            self.keep(record);
+        }
+        newer
+    }
+}
+
 impl Live {
-    fn new(stored: StoredConsumer, threads: HashMap<String, ThreadDelivery>) -> Self {
+    fn new(stored: StoredConsumer, records: Vec<DeliveryRecord>) -> Self {
+        let mut state = State::default();
+        for record in records {
+            state.keep(record);
+        }
         Self {
             stored,
             ready: Mutex::default(),
             woken: tokio::sync::Notify::new(),
-            state: tokio::sync::Mutex::new(State {
-                threads,
-                out: BTreeSet::new(),
-            }),
+            state: tokio::sync::Mutex::new(state),
             deliveries: AtomicU64::new(0),
             redeliveries: AtomicU64::new(0),
         }
@@ -193,40 +237,70 @@ impl Consumers {
         threads: &dyn Store,
     ) -> Result<Self, Error> {
         let consumers = Self {
-            store: deliveries.clone(),
+            store: deliveries,
             live: RwLock::default(),
         };
-        let metas = threads.threads().await?;
-        for stored in deliveries.consumers().await? {
-            let name = stored.spec.name.clone();
-            let cursors: HashMap<String, u64> =
-                deliveries.cursors(&name).await?.into_iter().collect();
-            let live = Live::new(
-                stored,
-                cursors
-                    .iter()
-                    .map(|(g, done)| {
-                        let thread = ThreadDelivery {
-                            done: *done,
-                            out: None,
-                        };
-                        (g.clone(), thread)
-                    })
-                    .collect(),
-            );
-            for meta in &metas {
-                let done = cursors.get(&meta.group_id).copied().unwrap_or(0);
-                if meta.last_seq > done && live.filter().takes_thread(&meta.group_id) {
-                    live.make_ready(&meta.group_id);
-                }
-            }
-            consumers
-                .live
-                .write()
-                .expect("consumers lock")
-                .insert(name, Arc::new(live));
-        }
+        consumers.refresh(threads).await?;
         Ok(consumers)
+    }
+
+    /// Takes up the consumers another process made, and lets go of those
+    /// it deleted (`load` does it once; a cluster's nodes on each change).
+    pub async fn refresh(&self, threads: &dyn Store) -> Result<(), Error> {
+        let stored = self.store.consumers().await?;
+        let gone: Vec<Arc<Live>> = {
+            let mut live = self.live.write().expect("consumers lock");
+            let names: HashSet<&str> = stored.iter().map(|s| s.spec.name.as_str()).collect();
+            let gone: Vec<String> = live
+                .iter()
+                .filter(|(name, l)| {
+                    !names.contains(name.as_str()) || stored.iter().all(|s| s.spec != l.stored.spec)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            gone.iter().filter_map(|name| live.remove(name)).collect()
+        };
+        for live in gone {
+            // Pullers waiting on it end, finding it gone.
+            live.woken.notify_waiters();
+        }
+        let mut metas = None;
+        for stored in stored {
+            if self.get(&stored.spec.name).is_ok() {
+                continue;
+            }
+            if metas.is_none() {
+                metas = Some(threads.threads().await?);
+            }
+            let live = self
+                .start(stored, metas.as_deref().unwrap_or_default())
+                .await?;
+            let mut all = self.live.write().expect("consumers lock");
+            all.entry(live.spec().name.clone()).or_insert(live);
+        }
+        Ok(())
+    }
+
+    /// A consumer with its records, each thread it may have work in made
+    /// ready.
+    async fn start(
+        &self,
+        stored: StoredConsumer,
+        metas: &[ThreadMeta],
+    ) -> Result<Arc<Live>, Error> {
+        let records = self.store.records(&stored.spec.name).await?;
+        let done: HashMap<String, u64> = records
+            .iter()
+            .map(|r| (r.group_id.clone(), r.delivery.done))
+            .collect();
+        let live = Live::new(stored, records);
+        for meta in metas {
+            let done = done.get(&meta.group_id).copied().unwrap_or(0);
+            if meta.last_seq > done && live.filter().takes_thread(&meta.group_id) {
+                live.make_ready(&meta.group_id);
+            }
+        }
+        Ok(Arc::new(live))
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<Live>, Error> {
@@ -270,27 +344,19 @@ impl Consumers {
             created_at: now,
             created_by: by.to_owned(),
         };
-        let metas = threads.threads().await?;
-        self.store.put_consumer(&stored).await?;
         let name = stored.spec.name.clone();
-        let live = Arc::new(Live::new(stored, HashMap::new()));
-        for meta in metas {
-            if live.filter().takes_thread(&meta.group_id) {
-                live.make_ready(&meta.group_id);
-            }
-        }
+        let metas = threads.threads().await?;
+        // Another process (or another request here) may have made one of
+        // the name first: the store says which is kept.
+        let (kept, made) = match self.store.create_consumer(&stored).await? {
+            Some(kept) if kept.spec != stored.spec => return Err(Error::Conflict(name)),
+            Some(kept) => (kept, false),
+            None => (stored, true),
+        };
+        let live = self.start(kept, &metas).await?;
         let mut all = self.live.write().expect("consumers lock");
-        // Two creates of one name at once: the first made wins, and the
-        // second answers as a repeat would (or a conflict).
-        if let Some(first) = all.get(&name) {
-            return if first.stored.spec == live.stored.spec {
-                Ok((first.clone(), false))
-            } else {
-                Err(Error::Conflict(name))
-            };
-        }
-        all.insert(name, live.clone());
-        Ok((live, true))
+        let live = all.entry(name).or_insert(live).clone();
+        Ok((live, made))
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), Error> {
@@ -304,20 +370,71 @@ impl Consumers {
         Ok(())
     }
 
-    /// A thread was written: the consumers that take it have work to look
-    /// at.
     /// Whether any consumer takes thread `group_id`.
     pub fn any_takes(&self, group_id: &str) -> bool {
         let live = self.live.read().expect("consumers lock");
         live.values().any(|l| l.filter().takes_thread(group_id))
     }
 
+    /// A thread was written: the consumers that take it have work to look
+    /// at.
     pub fn touched(&self, group_id: &str) {
         for live in self.live.read().expect("consumers lock").values() {
             if live.filter().takes_thread(group_id) {
                 live.make_ready(group_id);
             }
         }
+    }
+
+    /// Every thread may have work: after this process missed changes.
+    pub async fn touched_all(&self, threads: &dyn Store) -> Result<(), Error> {
+        let metas = threads.threads().await?;
+        for meta in metas {
+            self.touched(&meta.group_id);
+        }
+        Ok(())
+    }
+
+    /// Another process wrote consumer `name`'s record of a thread: this
+    /// one goes by it, and looks at the thread again.
+    pub async fn apply(&self, name: &str, record: DeliveryRecord) {
+        let Ok(live) = self.get(name) else { return };
+        let group_id = record.group_id.clone();
+        if live.state.lock().await.keep_newer(record) {
+            live.make_ready(&group_id);
+        }
+    }
+
+    /// Writes `changed` records (each from the revision it was read at),
+    /// keeps those written and reads again those another process wrote
+    /// first: the threads of those written.
+    async fn write(
+        &self,
+        live: &Live,
+        state: &mut State,
+        changed: Vec<DeliveryRecord>,
+    ) -> Result<HashSet<String>, Error> {
+        if changed.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let name = &live.spec().name;
+        let answers = self.store.write_records(name, &changed).await?;
+        let mut written = HashSet::new();
+        for (mut record, answer) in changed.into_iter().zip(answers) {
+            match answer {
+                Some(revision) => {
+                    record.revision = revision;
+                    written.insert(record.group_id.clone());
+                    state.keep(record);
+                }
+                None => {
+                    if let Some(theirs) = self.store.record(name, &record.group_id).await? {
+                        state.keep_newer(theirs);
+                    }
+                }
+            }
+        }
+        Ok(written)
     }
 
     /// Hands out at most `max` events now (none waiting for more): events
@@ -331,6 +448,7 @@ impl Consumers {
         now_ms: u64,
     ) -> Result<Vec<Delivered>, Error> {
         let spec = live.spec();
+        let shares = self.store.shares_outs();
         let mut state = live.state.lock().await;
         let overdue: Vec<String> = state
             .out
@@ -339,10 +457,13 @@ impl Consumers {
             .map(|(_, g)| g.clone())
             .collect();
         let mut candidates: VecDeque<String> = overdue.into();
-        let mut out = vec![];
-        let mut dead = vec![];
+        // Records changed by this take, by thread, to write before any of
+        // their events is handed out; what only this process must know is
+        // kept at once.
+        let mut changed: HashMap<String, DeliveryRecord> = HashMap::new();
+        let mut handed = vec![];
         let mut looked = 0;
-        while out.len() < max && looked < MAX_THREADS_PER_TAKE {
+        while handed.len() < max && looked < MAX_THREADS_PER_TAKE {
             let group_id = match candidates.pop_front() {
                 Some(g) => g,
                 None => match live.ready.lock().expect("ready lock").pop() {
@@ -351,38 +472,43 @@ impl Consumers {
                 },
             };
             looked += 1;
-            let thread = state.threads.entry(group_id.clone()).or_default().clone();
-            if thread.held(now_ms) {
+            let mut record = changed
+                .get(&group_id)
+                .cloned()
+                .unwrap_or_else(|| state.record(&group_id));
+            if record.delivery.held(now_ms) {
                 continue;
             }
-            let (passed, next) = next_taken(threads, &group_id, thread.done, live.filter()).await?;
-            let mut thread = thread;
-            if let Some(before) = &thread.out {
-                state.out.remove(&(before.until_ms, group_id.clone()));
-            }
+            let (passed, next) =
+                next_taken(threads, &group_id, record.delivery.done, live.filter()).await?;
             let Some(event) = next else {
-                thread.pass(passed);
-                state.threads.insert(group_id, thread);
+                // Passing over events the filter does not take is found
+                // again by any process: it need not be written.
+                record.delivery.pass(passed);
+                match changed.entry(group_id) {
+                    std::collections::hash_map::Entry::Occupied(mut kept) => {
+                        kept.insert(record);
+                    }
+                    std::collections::hash_map::Entry::Vacant(_) => state.keep(record),
+                }
                 continue;
             };
-            match thread.due(event.seq, now_ms, spec.give_up()) {
+            match record.delivery.due(event.seq, now_ms, spec.give_up()) {
                 Some(Due::Deliver(deliveries)) => {
                     let until = now_ms.saturating_add(spec.ack_wait_secs.saturating_mul(1000));
-                    thread.pass(passed);
-                    thread.hand_out(event.seq, deliveries, now_ms, until);
-                    state.out.insert((until, group_id.clone()));
-                    state.threads.insert(group_id, thread);
-                    live.deliveries.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(DELIVERIES, "consumer" => spec.name.clone()).increment(1);
-                    if deliveries > 1 {
-                        live.redeliveries.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!(REDELIVERIES, "consumer" => spec.name.clone())
-                            .increment(1);
+                    record.delivery.pass(passed);
+                    record
+                        .delivery
+                        .hand_out(event.seq, deliveries, now_ms, until);
+                    if shares || changed.contains_key(&group_id) {
+                        changed.insert(group_id, record);
+                    } else {
+                        state.keep(record);
                     }
-                    out.push(Delivered { event, deliveries });
+                    handed.push(Delivered { event, deliveries });
                 }
                 Some(Due::DeadLetter) => {
-                    let deliveries = thread.out.as_ref().map_or(0, |o| o.deliveries);
+                    let deliveries = record.delivery.out.as_ref().map_or(0, |o| o.deliveries);
                     tracing::warn!(
                         consumer = spec.name,
                         group_id,
@@ -390,121 +516,152 @@ impl Consumers {
                         deliveries,
                         "event dead-lettered: never acknowledged"
                     );
-                    dead.push(DeadLetter {
+                    record.dead.push(DeadLetter {
                         group_id: group_id.clone(),
                         seq: event.seq,
                         kind: event.kind.name().to_owned(),
                         deliveries,
                         at: Timestamp::from_millis(now_ms),
                     });
-                    thread.pass(event.seq);
-                    state.threads.insert(group_id.clone(), thread);
+                    record.delivery.pass(event.seq);
+                    changed.insert(group_id.clone(), record);
                     // Its next event may go.
                     candidates.push_back(group_id);
                 }
                 None => {}
             }
         }
-        if !dead.is_empty() {
-            let cursors: Vec<(String, u64)> = dead
-                .iter()
-                .map(|d| {
-                    let done = state.threads.get(&d.group_id).map_or(d.seq, |t| t.done);
-                    (d.group_id.clone(), done)
-                })
-                .collect();
-            self.store.advance(&spec.name, &cursors, &dead).await?;
+        let changed: Vec<DeliveryRecord> = changed.into_values().collect();
+        let dead: usize = changed
+            .iter()
+            .map(|r| {
+                let before = state.threads.get(&r.group_id).map_or(0, |k| k.dead.len());
+                r.dead.len().saturating_sub(before)
+            })
+            .sum();
+        let touched: HashSet<String> = changed.iter().map(|r| r.group_id.clone()).collect();
+        let written = self.write(live, &mut state, changed).await?;
+        drop(state);
+        // An event whose record another process wrote first is theirs.
+        handed.retain(|d| {
+            !touched.contains(&d.event.group_id) || written.contains(&d.event.group_id)
+        });
+        if dead > 0 {
             metrics::counter!(DEAD_LETTERED, "consumer" => spec.name.clone())
-                .increment(dead.len() as u64);
+                .increment(dead as u64);
         }
-        Ok(out)
+        for delivered in &handed {
+            live.deliveries.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(DELIVERIES, "consumer" => spec.name.clone()).increment(1);
+            if delivered.deliveries > 1 {
+                live.redeliveries.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(REDELIVERIES, "consumer" => spec.name.clone()).increment(1);
+            }
+        }
+        Ok(handed)
     }
 
     /// A push of `(group_id, seq)` failed: it goes out again no sooner
     /// than `until_ms`.
-    pub async fn retry_later(&self, live: &Live, group_id: &str, seq: u64, until_ms: u64) {
+    pub async fn retry_later(
+        &self,
+        live: &Live,
+        group_id: &str,
+        seq: u64,
+        until_ms: u64,
+    ) -> Result<(), Error> {
         let mut state = live.state.lock().await;
-        let Some(thread) = state.threads.get_mut(group_id) else {
-            return;
+        let Some(mut record) = state.threads.get(group_id).cloned() else {
+            return Ok(());
         };
-        let before = thread
-            .out
-            .as_ref()
-            .filter(|o| o.seq == seq)
-            .map(|o| o.until_ms);
-        thread.hold_until(seq, until_ms);
-        if let Some(before) = before {
-            state.out.remove(&(before, group_id.to_owned()));
-            state.out.insert((until_ms, group_id.to_owned()));
+        record.delivery.hold_until(seq, until_ms);
+        if self.store.shares_outs() {
+            // Another process that wrote it first decided for itself.
+            self.write(live, &mut state, vec![record]).await?;
+        } else {
+            state.keep(record);
         }
+        Ok(())
     }
 
     /// Acknowledges `acks` (`(group_id, seq)`), durably before it returns.
     pub async fn ack(&self, live: &Live, acks: &[(String, u64)]) -> Result<AckReply, Error> {
+        let name = &live.spec().name;
+        let shares = self.store.shares_outs();
         let mut state = live.state.lock().await;
-        let mut moved: Vec<(String, u64)> = vec![];
+        let mut acknowledged: Vec<String> = vec![];
         let mut ignored = vec![];
-        for (group_id, seq) in acks {
-            let Some(thread) = state.threads.get_mut(group_id) else {
-                ignored.push(Ignored {
-                    group_id: group_id.clone(),
-                    seq: *seq,
-                    reason: "not delivered by this consumer",
-                });
-                continue;
-            };
-            let until = thread.out.as_ref().map(|o| o.until_ms);
-            match thread.ack(*seq) {
-                Acked::Done => {
-                    let done = thread.done;
-                    if let Some(until) = until {
-                        state.out.remove(&(until, group_id.clone()));
+        let mut left: Vec<(String, u64)> = acks.to_vec();
+        // Another process may write a record between this one's read and
+        // write: those acknowledgements are tried again on what it wrote.
+        for attempt in 0..3 {
+            if shares {
+                for (group_id, seq) in &left {
+                    let shown = state
+                        .threads
+                        .get(group_id)
+                        .is_some_and(|r| r.delivery.out.as_ref().is_some_and(|o| o.seq == *seq));
+                    if attempt > 0 || !shown {
+                        if let Some(theirs) = self.store.record(name, group_id).await? {
+                            state.keep_newer(theirs);
+                        }
                     }
-                    moved.retain(|(g, _)| g != group_id);
-                    moved.push((group_id.clone(), done));
                 }
-                Acked::Already if *seq == 0 => ignored.push(Ignored {
-                    group_id: group_id.clone(),
-                    seq: *seq,
-                    reason: "not delivered by this consumer",
-                }),
-                Acked::Already => ignored.push(Ignored {
-                    group_id: group_id.clone(),
-                    seq: *seq,
-                    reason: "already acknowledged",
-                }),
-                Acked::NotDelivered => ignored.push(Ignored {
-                    group_id: group_id.clone(),
-                    seq: *seq,
-                    reason: "not delivered by this consumer",
-                }),
             }
-        }
-        if !moved.is_empty() {
-            self.store.advance(&live.spec().name, &moved, &[]).await?;
+            let mut changed: HashMap<String, DeliveryRecord> = HashMap::new();
+            let mut tried: Vec<(String, u64)> = vec![];
+            for (group_id, seq) in std::mem::take(&mut left) {
+                let Some(mut record) = changed
+                    .get(&group_id)
+                    .cloned()
+                    .or_else(|| state.threads.get(&group_id).cloned())
+                else {
+                    ignored.push(ignore(&group_id, seq, "not delivered by this consumer"));
+                    continue;
+                };
+                match record.delivery.ack(seq) {
+                    Acked::Done => {
+                        changed.insert(group_id.clone(), record);
+                        tried.push((group_id, seq));
+                    }
+                    Acked::Already if seq == 0 => {
+                        ignored.push(ignore(&group_id, seq, "not delivered by this consumer"));
+                    }
+                    Acked::Already if record.dead.iter().any(|l| l.seq == seq) => {
+                        // Given up on before its acknowledgement came.
+                        ignored.push(ignore(&group_id, seq, "dead-lettered"));
+                    }
+                    Acked::Already => ignored.push(ignore(&group_id, seq, "already acknowledged")),
+                    Acked::NotDelivered => {
+                        ignored.push(ignore(&group_id, seq, "not delivered by this consumer"));
+                    }
+                }
+            }
+            let written = self
+                .write(live, &mut state, changed.into_values().collect())
+                .await?;
+            for (group_id, seq) in tried {
+                if written.contains(&group_id) {
+                    acknowledged.push(group_id);
+                } else {
+                    left.push((group_id, seq));
+                }
+            }
+            if left.is_empty() {
+                break;
+            }
         }
         drop(state);
-        // One given up on before its acknowledgement came is not "already
-        // acknowledged": the puller is told it was dead-lettered.
-        if ignored.iter().any(|i| i.reason == "already acknowledged") {
-            let letters = self
-                .store
-                .dead_letters(&live.spec().name, usize::MAX)
-                .await?;
-            for ignore in &mut ignored {
-                let dead = letters
-                    .iter()
-                    .any(|l| l.group_id == ignore.group_id && l.seq == ignore.seq);
-                if dead && ignore.reason == "already acknowledged" {
-                    ignore.reason = "dead-lettered";
-                }
-            }
+        for (group_id, seq) in left {
+            ignored.push(ignore(&group_id, seq, "not delivered by this consumer"));
         }
-        for (group_id, _) in &moved {
+        // At most one event of a thread is out: each acknowledged moves
+        // its own thread on.
+        for group_id in &acknowledged {
             live.make_ready(group_id);
         }
         Ok(AckReply {
-            acknowledged: moved.len(),
+            acknowledged: acknowledged.len(),
             ignored,
         })
     }
@@ -525,14 +682,15 @@ impl Consumers {
             Some(g) => threads.thread(g).await?.into_iter().collect(),
             None => threads.threads().await?,
         };
+        let name = &live.spec().name;
+        let shares = self.store.shares_outs();
         let mut state = live.state.lock().await;
-        let mut moves = vec![];
+        let mut targets = vec![];
         for meta in metas {
             let group_id = meta.group_id.clone();
             if !live.filter().takes_thread(&group_id) {
                 continue;
             }
-            let done = state.threads.get(&group_id).map_or(0, |t| t.done);
             let to = match from {
                 ReplayFrom::Seq(seq) => seq.saturating_sub(1),
                 ReplayFrom::Time(at) if meta.updated_at < at => continue,
@@ -541,25 +699,48 @@ impl Consumers {
                     None => continue,
                 },
             };
-            if to >= done {
-                continue;
-            }
-            let thread = state.threads.entry(group_id.clone()).or_default();
-            let out = thread.out.take();
-            thread.done = to;
-            if let Some(out) = out {
-                state.out.remove(&(out.until_ms, group_id.clone()));
-            }
-            moves.push((group_id, to));
+            targets.push((group_id, to));
         }
-        if !moves.is_empty() {
-            self.store.rewind(&live.spec().name, &moves).await?;
+        let mut moved: Vec<String> = vec![];
+        for attempt in 0..3 {
+            let mut changed = vec![];
+            for (group_id, to) in std::mem::take(&mut targets) {
+                if shares && attempt > 0 {
+                    if let Some(theirs) = self.store.record(name, &group_id).await? {
+                        state.keep_newer(theirs);
+                    }
+                }
+                let mut record = state.record(&group_id);
+                if to >= record.delivery.done {
+                    continue;
+                }
+                record.delivery.done = to;
+                record.delivery.out = None;
+                record.dead.retain(|l| l.seq <= to);
+                changed.push(record);
+                targets.push((group_id, to));
+            }
+            let written = self.write(live, &mut state, changed).await?;
+            targets.retain(|(g, _)| {
+                let done = written.contains(g);
+                if done {
+                    moved.push(g.clone());
+                }
+                !done
+            });
+            if targets.is_empty() {
+                break;
+            }
         }
         drop(state);
-        for (group_id, _) in &moves {
+        if !targets.is_empty() {
+            let busy = format!("consumer {name:?} kept being changed by other nodes; try again");
+            return Err(store::Error::Unavailable(busy).into());
+        }
+        for group_id in &moved {
             live.make_ready(group_id);
         }
-        Ok(moves.len())
+        Ok(moved.len())
     }
 
     /// What `GET /v1/consumers/{name}` shows; with `letters`, the dead
@@ -575,21 +756,23 @@ impl Consumers {
         if let Some(push) = spec.push.as_mut() {
             push.secret = "***".into();
         }
-        let (looked_at, out) = {
+        let (looked_at, out, mut dead) = {
             let state = live.state.lock().await;
             let ready = live.ready.lock().expect("ready lock");
-            let mut looked_at: Vec<(String, u64)> = ready
-                .queue
-                .iter()
-                .map(|g| (g.clone(), state.threads.get(g).map_or(0, |t| t.done)))
-                .collect();
+            let done = |g: &str| state.threads.get(g).map_or(0, |r| r.delivery.done);
+            let mut looked_at: Vec<(String, u64)> =
+                ready.queue.iter().map(|g| (g.clone(), done(g))).collect();
             for (_, g) in &state.out {
                 if !ready.queued.contains(g) {
-                    let done = state.threads.get(g).map_or(0, |t| t.done);
-                    looked_at.push((g.clone(), done));
+                    looked_at.push((g.clone(), done(g)));
                 }
             }
-            (looked_at, state.out.len())
+            let dead: Vec<DeadLetter> = state
+                .threads
+                .values()
+                .flat_map(|r| r.dead.iter().cloned())
+                .collect();
+            (looked_at, state.out.len(), dead)
         };
         let mut pending = 0;
         let mut exact = true;
@@ -618,7 +801,7 @@ impl Consumers {
         metrics::gauge!(PENDING, "consumer" => spec.name.clone()).set(pending as f64);
         metrics::gauge!(OLDEST_PENDING, "consumer" => spec.name.clone())
             .set(age.unwrap_or(0) as f64);
-        let dead = self.store.dead_letters(&spec.name, usize::MAX).await?;
+        dead.sort_by_key(|l| l.at);
         Ok(ConsumerView {
             created_at: live.stored.created_at,
             created_by: live.stored.created_by.clone(),
@@ -632,6 +815,14 @@ impl Consumers {
             dead_letters: letters.then(|| dead.into_iter().take(100).collect()),
             spec,
         })
+    }
+}
+
+fn ignore(group_id: &str, seq: u64, reason: &'static str) -> Ignored {
+    Ignored {
+        group_id: group_id.to_owned(),
+        seq,
+        reason,
     }
 }
 

@@ -3,8 +3,9 @@
 //! (tree `dead_letters`: name, thread, seq → the letter, so a letter
 //! written twice, by a crash between it and its cursor, is kept once).
 
+use ferry_core::consumer::ThreadDelivery;
 use ferry_store::codec::{decode, encode};
-use ferry_store::{DeadLetter, Error, StoredConsumer};
+use ferry_store::{DeliveryRecord, Error, StoredConsumer};
 
 use crate::{backend, keys};
 
@@ -44,11 +45,19 @@ impl Deliveries {
         })
     }
 
-    pub(crate) fn put(&self, consumer: &StoredConsumer) -> Result<(), Error> {
+    pub(crate) fn create(
+        &self,
+        consumer: &StoredConsumer,
+    ) -> Result<Option<StoredConsumer>, Error> {
+        // One process writes: the engine makes consumers one at a time.
+        let name = consumer.spec.name.as_bytes();
+        if let Some(kept) = self.consumers.get(name).map_err(backend)? {
+            return Ok(Some(decode(&kept)?));
+        }
         self.consumers
-            .insert(consumer.spec.name.as_bytes(), encode(consumer))
+            .insert(name, encode(consumer))
             .map_err(backend)?;
-        Ok(())
+        Ok(None)
     }
 
     pub(crate) fn delete(&self, name: &str) -> Result<(), Error> {
@@ -72,70 +81,81 @@ impl Deliveries {
             .collect()
     }
 
-    pub(crate) fn cursors(&self, name: &str) -> Result<Vec<(String, u64)>, Error> {
+    /// Every record of consumer `name`: its cursors, with each thread's
+    /// dead letters.
+    pub(crate) fn records(&self, name: &str) -> Result<Vec<DeliveryRecord>, Error> {
         let prefix = of(name);
         let mut out = vec![];
         for entry in self.cursors.scan_prefix(&prefix) {
             let (key, value) = entry.map_err(backend)?;
-            let thread = &key[prefix.len()..];
-            let group_id = keys::thread_of(thread)
+            let group_id = keys::thread_of(&key[prefix.len()..])
                 .and_then(|t| std::str::from_utf8(&t[4..]).ok())
-                .ok_or_else(|| Error::Backend("a cursor key is not a thread's".into()))?;
-            let seq = value
-                .as_ref()
-                .try_into()
-                .map(u64::from_be_bytes)
-                .map_err(|_| Error::Backend("a cursor is not a sequence number".into()))?;
-            out.push((group_id.to_owned(), seq));
+                .ok_or_else(|| Error::Backend("a cursor key is not a thread's".into()))?
+                .to_owned();
+            let done = seq_of(&value)?;
+            out.push(self.record_of(name, group_id, done)?);
         }
         Ok(out)
     }
 
-    pub(crate) fn advance(
+    pub(crate) fn record(
         &self,
         name: &str,
-        cursors: &[(String, u64)],
-        dead: &[DeadLetter],
-    ) -> Result<(), Error> {
-        // Letters before cursors: a crash between them hands the event out
-        // again, and its letter, when written again, replaces itself.
-        for letter_of in dead {
-            let key = letter(name, &letter_of.group_id, letter_of.seq);
-            self.dead.insert(key, encode(letter_of)).map_err(backend)?;
-        }
-        for (group_id, seq) in cursors {
-            self.cursors
-                .insert(cursor(name, group_id), &seq.to_be_bytes())
-                .map_err(backend)?;
-        }
-        Ok(())
+        group_id: &str,
+    ) -> Result<Option<DeliveryRecord>, Error> {
+        let Some(value) = self.cursors.get(cursor(name, group_id)).map_err(backend)? else {
+            return Ok(None);
+        };
+        self.record_of(name, group_id.to_owned(), seq_of(&value)?)
+            .map(Some)
     }
 
-    pub(crate) fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error> {
-        for (group_id, seq) in cursors {
-            // The cursor first: a crash before the letters go leaves them
-            // listed beside events that are delivered again, nothing lost.
-            self.cursors
-                .insert(cursor(name, group_id), &seq.to_be_bytes())
-                .map_err(backend)?;
-            let after = letter(name, group_id, seq.saturating_add(1));
-            let end = letter(name, group_id, u64::MAX);
-            for key in self.dead.range(after..=end).keys() {
-                self.dead.remove(key.map_err(backend)?).map_err(backend)?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        let mut letters: Vec<DeadLetter> = self
+    fn record_of(&self, name: &str, group_id: String, done: u64) -> Result<DeliveryRecord, Error> {
+        let dead = self
             .dead
-            .scan_prefix(of(name))
+            .scan_prefix(cursor(name, &group_id))
             .values()
             .map(|v| decode(&v.map_err(backend)?))
             .collect::<Result<_, _>>()?;
-        letters.sort_by_key(|l| l.at);
-        letters.truncate(limit);
-        Ok(letters)
+        Ok(DeliveryRecord {
+            delivery: ThreadDelivery { done, out: None },
+            group_id,
+            dead,
+            revision: 1,
+        })
     }
+
+    /// Writes each record's cursor and dead letters (what is out stays in
+    /// the one process's memory).
+    pub(crate) fn write(&self, name: &str, records: &[DeliveryRecord]) -> Result<(), Error> {
+        for record in records {
+            let group_id = &record.group_id;
+            // Letters before the cursor: a crash between them hands the
+            // event out again, and its letter, when written again,
+            // replaces itself.
+            let kept: Vec<u64> = record.dead.iter().map(|l| l.seq).collect();
+            for key in self.dead.scan_prefix(cursor(name, group_id)).keys() {
+                let key = key.map_err(backend)?;
+                let seq = seq_of(&key[key.len() - 8..])?;
+                if !kept.contains(&seq) {
+                    self.dead.remove(key).map_err(backend)?;
+                }
+            }
+            for letter_of in &record.dead {
+                let key = letter(name, group_id, letter_of.seq);
+                self.dead.insert(key, encode(letter_of)).map_err(backend)?;
+            }
+            self.cursors
+                .insert(cursor(name, group_id), &record.delivery.done.to_be_bytes())
+                .map_err(backend)?;
+        }
+        Ok(())
+    }
+}
+
+fn seq_of(bytes: &[u8]) -> Result<u64, Error> {
+    bytes
+        .try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| Error::Backend("a cursor is not a sequence number".into()))
 }

@@ -52,7 +52,7 @@ use ferry_core::toolsets::StoredToolset;
 use ferry_store::codec::{decode, encode};
 use ferry_store::log::{Commit, CommitEvents, CommitHead};
 use ferry_store::{
-    CatalogStore, DeadLetter, DeliveryStore, Durability, Durable, Error, Store, StoredConsumer,
+    CatalogStore, DeliveryRecord, DeliveryStore, Durability, Durable, Error, Store, StoredConsumer,
     Watch, Write,
 };
 
@@ -688,9 +688,13 @@ pub(crate) async fn open_when_unlocked<T, E: std::fmt::Display>(
 
 #[async_trait]
 impl DeliveryStore for SledStore {
-    async fn put_consumer(&self, consumer: &StoredConsumer) -> Result<(), Error> {
-        self.deliveries.put(consumer)?;
-        self.flush().await
+    async fn create_consumer(
+        &self,
+        consumer: &StoredConsumer,
+    ) -> Result<Option<StoredConsumer>, Error> {
+        let kept = self.deliveries.create(consumer)?;
+        self.flush().await?;
+        Ok(kept)
     }
 
     async fn delete_consumer(&self, name: &str) -> Result<(), Error> {
@@ -702,27 +706,24 @@ impl DeliveryStore for SledStore {
         self.deliveries.all()
     }
 
-    async fn cursors(&self, name: &str) -> Result<Vec<(String, u64)>, Error> {
-        self.deliveries.cursors(name)
+    async fn records(&self, name: &str) -> Result<Vec<DeliveryRecord>, Error> {
+        self.deliveries.records(name)
     }
 
-    async fn advance(
+    async fn record(&self, name: &str, group_id: &str) -> Result<Option<DeliveryRecord>, Error> {
+        self.deliveries.record(name, group_id)
+    }
+
+    async fn write_records(
         &self,
         name: &str,
-        cursors: &[(String, u64)],
-        dead: &[DeadLetter],
-    ) -> Result<(), Error> {
-        self.deliveries.advance(name, cursors, dead)?;
-        self.flush().await
-    }
-
-    async fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error> {
-        self.deliveries.rewind(name, cursors)?;
-        self.flush().await
-    }
-
-    async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        self.deliveries.dead_letters(name, limit)
+        records: &[DeliveryRecord],
+    ) -> Result<Vec<Option<u64>>, Error> {
+        // One process writes each consumer's records: none is lost to
+        // another writer.
+        self.deliveries.write(name, records)?;
+        self.flush().await?;
+        Ok(records.iter().map(|r| Some(r.revision + 1)).collect())
     }
 }
 

@@ -292,31 +292,51 @@ pub struct DeadLetter {
     pub at: ferry_proto::time::Timestamp,
 }
 
-/// Consumers and where each stands in each thread: every event through a
-/// thread's cursor is acknowledged, dead-lettered or not the consumer's.
-/// Each change is durable when it returns.
+/// Where one consumer stands in one thread: its delivery (every event
+/// through `delivery.done` is acknowledged, dead-lettered or not the
+/// consumer's; at most one is out) and the thread's dead letters.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeliveryRecord {
+    pub group_id: String,
+    pub delivery: ferry_core::consumer::ThreadDelivery,
+    pub dead: Vec<DeadLetter>,
+    /// The version kept, for compare-and-set: 0 when none is.
+    #[serde(skip)]
+    pub revision: u64,
+}
+
+/// Consumers and where each stands in each thread. Each change is durable
+/// when it returns.
 #[async_trait]
 pub trait DeliveryStore: Send + Sync + 'static {
-    async fn put_consumer(&self, consumer: &StoredConsumer) -> Result<(), Error>;
-    /// Removes a consumer with its cursors and dead letters.
+    /// Keeps `consumer` unless one of its name is kept: that one is
+    /// returned, and nothing changes.
+    async fn create_consumer(
+        &self,
+        consumer: &StoredConsumer,
+    ) -> Result<Option<StoredConsumer>, Error>;
+    /// Removes a consumer with its records.
     async fn delete_consumer(&self, name: &str) -> Result<(), Error>;
     async fn consumers(&self) -> Result<Vec<StoredConsumer>, Error>;
-    /// Consumer `name`'s cursor in each thread it has one in.
-    async fn cursors(&self, name: &str) -> Result<Vec<(String, u64)>, Error>;
-    /// Moves consumer `name`'s cursors to `cursors` and records `dead`, in
-    /// one durable step.
-    async fn advance(
+    /// Consumer `name`'s record of each thread it has one of.
+    async fn records(&self, name: &str) -> Result<Vec<DeliveryRecord>, Error>;
+    /// Consumer `name`'s record of thread `group_id`, if it has one.
+    async fn record(&self, name: &str, group_id: &str) -> Result<Option<DeliveryRecord>, Error>;
+    /// Writes each record where the one kept is still at its `revision`,
+    /// all durable when this returns. Each answer is the record's new
+    /// revision, or `None` where another process wrote it first.
+    async fn write_records(
         &self,
         name: &str,
-        cursors: &[(String, u64)],
-        dead: &[DeadLetter],
-    ) -> Result<(), Error>;
-    /// Moves consumer `name`'s cursors back for a replay: each
-    /// `(group_id, seq)` sets the thread's cursor to `seq` and forgets its
-    /// dead letters after `seq`, which are delivered again.
-    async fn rewind(&self, name: &str, cursors: &[(String, u64)]) -> Result<(), Error>;
-    /// Consumer `name`'s dead letters, oldest first, at most `limit`.
-    async fn dead_letters(&self, name: &str, limit: usize) -> Result<Vec<DeadLetter>, Error>;
+        records: &[DeliveryRecord],
+    ) -> Result<Vec<Option<u64>>, Error>;
+    /// Whether records keep the event out too, so that other processes
+    /// see it: where several serve one consumer. Where only one does, what
+    /// is out lives in its memory, and only cursors and dead letters are
+    /// written.
+    fn shares_outs(&self) -> bool {
+        false
+    }
 }
 
 /// What operators register: toolsets, and named API tokens (their records,

@@ -32,18 +32,30 @@ fn now_ms() -> u64 {
 }
 
 impl Engine {
-    /// Keeps consumers (`ferry serve`): their specs and cursors in the
-    /// store `consumers` was loaded from.
-    pub fn with_consumers(mut self, consumers: Arc<Consumers>) -> Self {
-        self.consumers = Some(consumers);
+    /// Keeps consumers: their specs and records in the store `consumers`
+    /// was loaded from.
+    pub fn with_consumers(self, consumers: Arc<Consumers>) -> Self {
+        self.set_consumers(consumers);
         self
     }
 
+    /// [`Engine::with_consumers`] once the engine is shared: a cluster node
+    /// serves before NATS answers, and loads its consumers once it does.
+    /// The first consumers set stay.
+    pub fn set_consumers(&self, consumers: Arc<Consumers>) {
+        let _ = self.consumers.set(consumers);
+    }
+
+    /// The consumers kept, once loaded.
+    pub fn consumers(&self) -> Option<&Arc<Consumers>> {
+        self.consumers.get()
+    }
+
     fn deliveries(&self) -> Result<&Consumers, Error> {
-        self.consumers.as_deref().ok_or_else(|| {
-            Error::InvalidRequest(
-                "consumers are kept by `ferry serve` only; a cluster does not keep them yet".into(),
-            )
+        self.consumers.get().map(|c| &**c).ok_or_else(|| {
+            Error::Store(crate::store::Error::Unavailable(
+                "consumers are not loaded yet: the store is not reachable".into(),
+            ))
         })
     }
 

@@ -256,7 +256,7 @@ pub struct Engine {
     /// ([`Engine::with_shared_lanes`]).
     pub(crate) shared_lanes: Option<Arc<dyn crate::shared_lanes::SharedLanes>>,
     /// [`Engine::with_consumers`].
-    consumers: Option<Arc<crate::delivery::Consumers>>,
+    consumers: std::sync::OnceLock<Arc<crate::delivery::Consumers>>,
     /// Push consumers being delivered, by name: one loop each.
     pushing: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -309,7 +309,7 @@ impl Engine {
             audit_lines: None,
             lanes: None,
             shared_lanes: None,
-            consumers: None,
+            consumers: std::sync::OnceLock::new(),
             pushing: Default::default(),
         }
     }
@@ -559,7 +559,7 @@ impl Engine {
                 durable.await?;
             }
             self.ship_audit(&audit);
-            if let Some(consumers) = self.consumers.as_ref().filter(|c| c.any_takes(group_id)) {
+            if let Some(consumers) = self.consumers.get().filter(|c| c.any_takes(group_id)) {
                 if durability == Durability::Await {
                     consumers.touched(group_id);
                 } else {

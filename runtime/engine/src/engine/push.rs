@@ -28,7 +28,7 @@ impl Engine {
     /// Delivers every push consumer there is: at start, once the engine is
     /// shared.
     pub fn start_pushing(self: &Arc<Self>) {
-        let Some(consumers) = &self.consumers else {
+        let Some(consumers) = self.consumers.get() else {
             return;
         };
         for live in consumers.all() {
@@ -42,7 +42,7 @@ impl Engine {
     /// `ferry_consumer_pending` and `ferry_consumer_oldest_pending_seconds`
     /// gauges stay current without anyone asking.
     pub fn start_counting_lag(self: &Arc<Self>) {
-        let Some(consumers) = self.consumers.clone() else {
+        let Some(consumers) = self.consumers.get().cloned() else {
             return;
         };
         let engine = self.clone();
@@ -82,7 +82,7 @@ impl Engine {
     }
 
     async fn push_loop(&self, name: &str) {
-        let Some(consumers) = self.consumers.clone() else {
+        let Some(consumers) = self.consumers.get().cloned() else {
             return;
         };
         let mut stopping = self.stopping.subscribe();
@@ -155,9 +155,13 @@ impl Engine {
             let until = now().as_millis().saturating_add(pause.as_millis() as u64);
             for (delivered, _) in round.iter().zip(&sent).filter(|(_, ok)| !**ok) {
                 let event = &delivered.event;
-                consumers
+                if let Err(e) = consumers
                     .retry_later(&live, &event.group_id, event.seq, until)
-                    .await;
+                    .await
+                {
+                    // It goes out again at its ack_wait instead.
+                    tracing::debug!(consumer = name, error = %e, "could not hold a failed push back");
+                }
             }
             tracing::debug!(consumer = name, ?pause, "push receiver failed; pausing");
             tokio::select! {
