@@ -17,6 +17,7 @@ use ferry_engine::token::Capabilities;
 use ferry_engine::{Acknowledgements, Config, Engine};
 use ferry_fronts::http::auth::ApiTokens;
 use ferry_fronts::http::MetricsRender;
+use ferry_nats::cluster::deliveries::SharedDeliveries;
 use ferry_nats::cluster::lanes::KvLanes;
 use ferry_nats::cluster::mcp_sessions::SharedSessions;
 use ferry_nats::cluster::rate_limits::KvBuckets;
@@ -26,6 +27,8 @@ use ferry_nats::cluster::{identity, pull, streams, worker};
 use ferry_nats::jetstream::{ClientEvents, JetStreamStore};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
+
+mod consumers;
 
 /// What both roles are told.
 #[derive(Debug, Clone)]
@@ -361,6 +364,19 @@ async fn attach(
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     attach_lanes(&shared.lanes, &js, options.cluster.replicas).await;
+    loop {
+        let followed = async {
+            let deliveries = SharedDeliveries::attach(&js, options.cluster.replicas).await?;
+            consumers::follow(&engine, &client, Arc::new(deliveries), jetstream.clone()).await
+        };
+        match followed.await {
+            Ok(()) => break,
+            Err(e) => {
+                warn!(error = %e, "loading the consumers failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
     loop {
         match follow_catalog(&engine, &jetstream).await {
             Ok(()) => break,

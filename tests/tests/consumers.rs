@@ -439,7 +439,7 @@ async fn replay_delivers_again_from_a_seq_or_a_time_and_brings_dead_letters_back
 }
 
 /// A Standard Webhooks secret (24 bytes).
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 fn workspace() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -449,7 +449,7 @@ fn workspace() -> std::path::PathBuf {
 }
 
 /// A loopback port nothing listens on (yet).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -460,13 +460,14 @@ fn free_port() -> u16 {
 /// `tests/py/webhook_receiver.py` on `port`: it verifies each delivery
 /// with the `standardwebhooks` package and fails the first `fail_first`
 /// requests (-1: all). Its lines, one per request, come on the channel.
-struct Receiver {
-    child: tokio::process::Child,
+/// The cluster tests use it too.
+pub(crate) struct Receiver {
+    pub(crate) child: tokio::process::Child,
     lines: tokio::sync::mpsc::UnboundedReceiver<Value>,
 }
 
 impl Receiver {
-    async fn start(port: u16, fail_first: i64) -> Receiver {
+    pub(crate) async fn start(port: u16, fail_first: i64) -> Receiver {
         use tokio::io::AsyncBufReadExt;
         let python = workspace().join("target/py/bin/python");
         assert!(python.exists(), "run `bash ops/scripts/setup-oxp.sh`");
@@ -489,7 +490,7 @@ impl Receiver {
         Receiver { child, lines }
     }
 
-    async fn next(&mut self) -> Value {
+    pub(crate) async fn next(&mut self) -> Value {
         tokio::time::timeout(std::time::Duration::from_secs(60), self.lines.recv())
             .await
             .expect("a delivery within a minute")

@@ -1,12 +1,17 @@
-//! Consumers at work in one process (`ferry serve`): which threads may have
-//! an event to hand out, the one event of each thread that is out, and
-//! the cursors kept in the [`DeliveryStore`]. The rules of one thread's
-//! delivery are `ferry_core::consumer`'s; here they meet the stores.
+//! Consumers at work in one process: which threads may have an event to
+//! hand out, and a mirror of each thread's [`DeliveryRecord`] (its cursor,
+//! the one event out, its dead letters) kept in the [`DeliveryStore`]. The
+//! rules of one thread's delivery are `ferry_core::consumer`'s; here they
+//! meet the stores.
 //!
-//! What is out lives in memory only: after a restart every event not
-//! acknowledged is handed out again (its delivery count starts over), and
-//! nothing acknowledged is, since an acknowledgement is durable before it
-//! is answered.
+//! Several processes may serve one consumer (a cluster's runtime nodes):
+//! every record is written compare-and-set on its revision, and a process
+//! whose write lost reads the record again and goes by it, so an event is
+//! handed out by one process at a time and acknowledged once. Where the
+//! store does not share what is out (`ferry serve`), it lives in memory
+//! only: after a restart every event not acknowledged is handed out again
+//! (its delivery count starts over), and nothing acknowledged is, since an
+//! acknowledgement is durable before it is answered.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -118,6 +118,9 @@ pub struct JetStreamStore {
     /// a stale one). A republish of a later commit forgets it.
     loaded: Mutex<HashMap<String, Arc<Last>>>,
     catalog_changed: watch::Sender<u64>,
+    /// The thread of each commit any process appended, as it is stored
+    /// (followed stores only): consumers look at the thread again.
+    committed: tokio::sync::broadcast::Sender<String>,
     /// Reads of a subject's last message, as commands and watchers need
     /// them.
     last: LastReads,
@@ -126,6 +129,10 @@ pub struct JetStreamStore {
     /// them, by `(group_id, id)`, with that commit's last event sequence.
     copying: Mutex<HashMap<(String, String), (u64, Copying)>>,
 }
+
+/// Commits' threads a slow receiver of [`JetStreamStore::committed`] may
+/// be behind by before it misses some.
+const COMMITS_HELD: usize = 4096;
 
 /// Attempts at writing a call's copy against copies racing it, before the
 /// command gives up like a lost commit race and is decided again.
@@ -219,6 +226,7 @@ impl JetStreamStore {
             positions: Mutex::default(),
             loaded: Mutex::default(),
             catalog_changed: watch::Sender::new(0),
+            committed: tokio::sync::broadcast::Sender::new(COMMITS_HELD),
             copier,
             last,
             copying: Mutex::default(),
@@ -242,6 +250,13 @@ impl JetStreamStore {
     /// its registry.
     pub fn catalog_changed(&self) -> watch::Receiver<u64> {
         self.catalog_changed.subscribe()
+    }
+
+    /// The thread of every commit stored from now on, by any process (a
+    /// store made with `follow`): a receiver that falls more than
+    /// [`COMMITS_HELD`] behind, or a client that reconnected, missed some.
+    pub fn committed(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.committed.subscribe()
     }
 
     async fn follow_commits(
@@ -270,6 +285,8 @@ impl JetStreamStore {
                     advance(&tips, &group_id, seq);
                     if let Some(store) = store.upgrade() {
                         store.forget_before(&group_id, seq);
+                        // None listening is no failure.
+                        let _ = store.committed.send(group_id);
                     }
                 }
             }

@@ -1,13 +1,15 @@
 //! Cluster mode: a real `nats-server` with JetStream, two `ferry runtime`
 //! nodes and three `ferry worker`s, RAP tools on loopback. A call accepted
 //! on one node is answered through another and read on both; duplicates
-//! split across nodes make one event; workers, runtime nodes and NATS are
+//! split across nodes make one event; a consumer pulled through one node
+//! is acknowledged through another; workers, runtime nodes and NATS are
 //! killed and restarted under load.
 
 mod across_nodes;
 mod audit;
 mod bad_input;
 mod configuration;
+mod consumers;
 mod dispatch;
 mod following;
 mod fronts;

@@ -2,8 +2,10 @@
 //! worker`s through NATS JetStream. The JetStream store is
 //! `crate::jetstream`; here are the subject layout, what every process
 //! must agree on, the consumer workers share, their pulls, how they carry
-//! out the work, and how they stop.
+//! out the work, and how they stop; and the buckets the shared state of
+//! runtime nodes lives in (consumers, MCP sessions, limits).
 
+pub mod deliveries;
 pub mod identity;
 pub(crate) mod kv;
 pub mod lanes;
