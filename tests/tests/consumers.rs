@@ -21,16 +21,16 @@ async fn answered(api: &Api, tool: &TestTool, g: &str, id: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
-async fn make(api: &Api, spec: Value) -> Value {
+pub(crate) async fn make(api: &Api, spec: Value) -> Value {
     let (status, body) = api.post("/v1/consumers", &spec).await;
     assert_eq!(status, 201, "{body}");
     body
 }
 
 /// `GET …/next`: the `(group_id, seq, deliveries)` handed out.
-async fn next(api: &Api, name: &str, query: &str) -> Vec<(String, u64, u64)> {
+pub(crate) async fn next(api: &Api, name: &str, query: &str) -> Vec<(String, u64, u64)> {
     let (status, body) = api.get(&format!("/v1/consumers/{name}/next?{query}")).await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(status, 200, "{}: {body}", api.base);
     body["events"]
         .as_array()
         .unwrap()

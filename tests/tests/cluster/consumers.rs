@@ -14,34 +14,10 @@ use futures::future::join_all;
 use serde_json::{json, Value};
 
 use super::{answer_everything, every_call_has_one_outcome, Cluster};
+use crate::consumers::{make, next};
 
 /// One event handed out: `(group_id, seq, deliveries)`.
 type Out = (String, u64, u64);
-
-async fn make(api: &Api, spec: Value) -> Value {
-    let (status, body) = api.post("/v1/consumers", &spec).await;
-    assert_eq!(status, 201, "{body}");
-    body
-}
-
-/// `GET …/next`: the events handed out.
-async fn next(api: &Api, name: &str, query: &str) -> Vec<Out> {
-    let (status, body) = api.get(&format!("/v1/consumers/{name}/next?{query}")).await;
-    assert_eq!(status, 200, "{}: {body}", api.base);
-    body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            assert_eq!(e["type"], "tool_result", "{e}");
-            (
-                e["group_id"].as_str().unwrap().to_owned(),
-                e["seq"].as_u64().unwrap(),
-                e["deliveries"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 /// Pulls through `api` until `n` events are out (a node may learn of a
 /// thread's newest events a moment after another wrote them), and checks
