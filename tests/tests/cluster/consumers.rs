@@ -369,7 +369,7 @@ async fn a_node_killed_mid_pull_hands_its_events_out_again() {
     // A restarted node may answer 503 until it reaches NATS.
     let shown = eventually(
         "A to serve the consumer",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async {
             let (status, shown) = a.get("/v1/consumers/r").await;
             (status == 200).then_some(shown)
