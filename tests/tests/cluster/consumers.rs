@@ -413,7 +413,7 @@ async fn a_consumer_deleted_on_one_node_is_gone_on_the_other() {
     assert_eq!(status, 200, "{body}");
     eventually(
         "A to forget the consumer",
-        Duration::from_secs(5),
+        Duration::from_secs(20),
         || async {
             let shown = a.get("/v1/consumers/r").await.0;
             let pulled = a.get("/v1/consumers/r/next").await.0;
